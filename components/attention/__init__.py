@@ -1,0 +1,1 @@
+"""Attention variants (kind `attention`) and the attention cores they share (`backends`)."""

@@ -1,0 +1,180 @@
+"""Attention cores shared by the attention kinds, selected by name.
+
+- `math`: the equations literally; materialises the N x N maps (and can return them).
+- `sdpa`: `torch.nn.functional.scaled_dot_product_attention`, causal (fused kernels on CPU and CUDA).
+- `flash_attn`: flash-attn's `flash_attn_func` (CUDA, fp16/bf16), reached only through `flash_attn_func()`,
+  the one seam a CPU stand-in replaces in tests.
+- `auto`: `flash_attn` for fp16/bf16 CUDA tensors when flash-attn imports, else `sdpa`.
+
+Tensors are (batch, heads, seq, width). Keys and values may have fewer heads than queries (grouped-query
+attention): query head i reads kv head i // (H / H_kv), the convention of flash-attn and SDPA.
+Softmax scale is 1/sqrt(width of q).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ablate.errors import UserError
+from ablate.registry import closest
+
+BACKENDS = ("auto", "math", "sdpa", "flash_attn")
+FLASH_MISSING = (
+    "flash_attn backend: the flash-attn package is not installed (pip install 'ablate[flash]', CUDA only)"
+)
+_SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+def flash_attn_func():
+    """The seam to flash-attn: its `flash_attn_func`, imported on first use (the package is optional)."""
+    try:
+        from flash_attn import flash_attn_func as fn
+    except ImportError:
+        raise UserError(FLASH_MISSING) from None
+    return fn
+
+
+def check_backend(name: str, *, key: str = "backend") -> str:
+    """Validate a backend name at build time (and that flash-attn imports when it is asked for by name)."""
+    if name not in BACKENDS:
+        raise UserError(
+            f"{key}: unknown attention backend {name!r}{closest(name, BACKENDS)}; known: {', '.join(BACKENDS)}"
+        )
+    if name == "flash_attn":
+        flash_attn_func()
+    return name
+
+
+def resolve(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    """The concrete backend `name` means for tensors on `device` of `dtype` (only `auto` depends on them)."""
+    if name != "auto":
+        return name
+    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+        try:
+            flash_attn_func()
+            return "flash_attn"
+        except UserError:
+            pass
+    return "sdpa"
+
+
+# --- softmax attention -----------------------------------------------------------------------------
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: str, return_weights: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Causal softmax(Q K^T / sqrt(d)) V: q (B,H,N,d), k and v (B,H_kv,N,d) -> (B,H,N,d).
+
+    With `return_weights` the math form runs whatever `backend` says (fused kernels never form the
+    maps) and the maps (B,H,N,N) come back too.
+    """
+    _check_groups(q, k, v)
+    name = resolve(backend, q.device, q.dtype)
+    if return_weights or name == "math":
+        weights = _maps(q, k).to(q.dtype)  # (B,G,R,N,N)
+        out = (weights @ v.unsqueeze(2)).flatten(1, 2)
+        return (out, weights.flatten(1, 2)) if return_weights else out
+    return _fused(name)(q, k, v)
+
+
+# --- differential attention ------------------------------------------------------------------------
+
+
+def diff_attend(
+    q1: torch.Tensor,
+    q2: torch.Tensor,
+    k1: torch.Tensor,
+    k2: torch.Tensor,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    *,
+    backend: str,
+    return_weights: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Eq. 1: (softmax(Q1 K1^T / sqrt(d)) - λ softmax(Q2 K2^T / sqrt(d))) V, causal.
+
+    q1, q2 (B,h,N,d); k1, k2 (B,h_kv,N,d); v (B,h_kv,N,2d); lam a 0-dim tensor -> (B,h,N,2d). Q1 of head
+    i pairs with K1 of its kv group and Q2 with K2 of the same group. With `return_weights` the math
+    form runs and {"a1", "a2", "lambda"} come back too.
+    """
+    _check_groups(q1, k1, v, v_width=2 * q1.shape[-1])
+    if q2.shape != q1.shape or k2.shape != k1.shape:
+        raise ValueError(f"q2/k2 shapes {tuple(q2.shape)}/{tuple(k2.shape)} differ from q1/k1")
+    name = resolve(backend, q1.device, q1.dtype)
+    if return_weights or name == "math":
+        a1, a2 = _maps(q1, k1), _maps(q2, k2)  # float32 (B,G,R,N,N)
+        # One product with V, so the FLOPs are a Transformer's with 2h heads of width d.
+        diff = (a1 - lam.float() * a2).to(v.dtype)
+        out = (diff @ v.unsqueeze(2)).flatten(1, 2)
+        if not return_weights:
+            return out
+        return out, {"a1": a1.flatten(1, 2).to(q1.dtype), "a2": a2.flatten(1, 2).to(q1.dtype), "lambda": lam}
+    # FlashDiffAttn_2 (Appendix A): the fused kernels need V as wide as Q/K (a wide V silently drops
+    # SDPA to its math kernel), so V is split into halves. Stacking Q1|Q2 and K1|K2 as heads keeps the
+    # pairing (stacked query head j reads stacked kv head j // (h / h_kv)) and gives one call per half.
+    h = q1.shape[1]
+    q, k = torch.cat([q1, q2], dim=1), torch.cat([k1, k2], dim=1)
+    core = _fused(name)
+    halves = [core(q, k, torch.cat([v_half, v_half], dim=1)) for v_half in v.chunk(2, dim=-1)]
+    a1v = torch.cat([half[:, :h] for half in halves], dim=-1)  # A1 [V1, V2]
+    a2v = torch.cat([half[:, h:] for half in halves], dim=-1)  # A2 [V1, V2]
+    return a1v - lam.to(a2v.dtype) * a2v
+
+
+# --- the pieces ------------------------------------------------------------------------------------
+
+
+def _check_groups(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, v_width: int | None = None) -> None:
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if q.shape[-1] != k.shape[-1] or v.shape[-1] != (v_width or q.shape[-1]) or v.shape[1] != kv_heads:
+        raise ValueError(
+            f"attention shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit"
+        )
+    if heads % kv_heads:
+        raise ValueError(f"{kv_heads} kv heads do not divide {heads} query heads")
+
+
+def _maps(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Causal softmax(Q K^T / sqrt(d)) in float32, shaped (B, G, R, N, N): G kv groups of R query heads."""
+    batch, heads, n, width = q.shape
+    groups = k.shape[1]
+    scores = q.unflatten(1, (groups, heads // groups)) @ k.unsqueeze(2).transpose(-1, -2)
+    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
+    scores = scores.float().mul(1 / math.sqrt(width)).masked_fill(causal, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def _fused(name: str):
+    if name == "sdpa":
+        return _sdpa
+    if name == "flash_attn":
+        return _flash
+    raise UserError(f"backend: unknown attention backend {name!r}; known: {', '.join(BACKENDS)}")
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    if q.shape[1] == k.shape[1]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if _SDPA_HAS_GQA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    repeat = q.shape[1] // k.shape[1]  # torch < 2.5: no enable_gqa
+    k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    # flash-attn's layout is (batch, seq, heads, width); it handles fewer kv heads natively.
+    fn = flash_attn_func()
+    out = fn(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        dropout_p=0.0,
+        softmax_scale=None,
+        causal=True,
+    )
+    return out.transpose(1, 2)

@@ -1,0 +1,118 @@
+"""Differential attention (kind `attention`, name `diff`): Ye et al., ICLR 2025, Eq. 1-3.
+
+Parameter layout is the reference's (paper-notes.md), so its checkpoints load as they are:
+`q_proj` (d_model -> 2h d) and `k_proj` (d_model -> 2 h_kv d) hold interleaved sub-heads of width d
+(sub-head 2i is Q1 of head i, 2i+1 is Q2), `v_proj` (d_model -> h_kv 2d) holds heads of width 2d,
+`lambda_q1, lambda_k1, lambda_q2, lambda_k2` (d,), `subln.weight` (2d,), `out_proj` (d_model -> d_model).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ablate.errors import UserError
+from ablate.registry import build, register
+from components.attention import backends
+from components.attention.softmax import KEY, kv_heads
+from components.norm import RMSNorm
+
+LAMBDAS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+
+
+@register("attention", "diff")
+class DiffAttention(nn.Module):
+    """Differential attention: (softmax(Q1K1) - λ softmax(Q2K2)) V, per-head RMSNorm, times 1 - λ_init."""
+
+    residual_out = ("out_proj.weight",)
+
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        head_dim: int,
+        layer_idx: int = 0,
+        n_layers: int = 1,
+        position: Any = "rope",
+        backend: str = "auto",
+        n_kv_heads: int | None = None,
+        per_head_norm: bool = True,
+        lambda_init: Any = "exp_depth",
+        lambda_std: float = 0.1,
+        norm_eps: float = 1e-5,
+    ):
+        super().__init__()
+        if head_dim < 1 or d_model % (2 * head_dim):
+            raise UserError(f"model.d_model: {d_model} is not divisible by 2 x head_dim = {2 * head_dim}")
+        if lambda_std < 0:
+            raise UserError(f"{KEY}.lambda_std: must be >= 0, got {lambda_std}")
+        d = head_dim
+        self.d_model, self.head_dim = d_model, d
+        self.n_heads = d_model // (2 * d)  # h = d_model / 2d: a Transformer's 2h heads of width d
+        self.n_kv_heads = kv_heads(n_kv_heads, self.n_heads, what="diff heads")
+        self.backend = backends.check_backend(backend, key=f"{KEY}.backend")
+        self.q_proj = nn.Linear(d_model, 2 * self.n_heads * d, bias=False)
+        self.k_proj = nn.Linear(d_model, 2 * self.n_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(d_model, self.n_kv_heads * 2 * d, bias=False)
+        self.out_proj = nn.Linear(self.n_heads * 2 * d, d_model, bias=False)
+        strategy = build("lambda_init", lambda_init, key=f"{KEY}.lambda_init")
+        self.lambda_init = float(strategy(layer_idx))
+        self.lambda_std = float(lambda_std)
+        for name in LAMBDAS:  # Eq. 2; float32 whatever the model's dtype (the reference's choice)
+            setattr(
+                self, name, nn.Parameter(torch.empty(d, dtype=torch.float32).normal_(0.0, self.lambda_std))
+            )
+        # Eq. 3: RMSNorm over each head's 2d channels (one weight shared by the heads), then x (1 - λ_init).
+        # Table 6 "- GroupNorm" removes only the norm, so the fixed (1 - λ_init) factor stays without it.
+        self.subln = RMSNorm(dim=2 * d, eps=norm_eps) if per_head_norm else None
+        self.position = build("position", position, key="model.position", head_dim=d)
+
+    @property
+    def init_std(self) -> dict[str, float]:
+        """The model initialises the λ vectors Normal(0, lambda_std) (reference: 0.1)."""
+        return dict.fromkeys(LAMBDAS, self.lambda_std)
+
+    def lambda_value(self) -> torch.Tensor:
+        """λ = exp(λq1·λk1) - exp(λq2·λk2) + λ_init (Eq. 2), a float32 0-dim tensor (with its graph)."""
+        dot1 = torch.sum(self.lambda_q1.float() * self.lambda_k1.float())
+        dot2 = torch.sum(self.lambda_q2.float() * self.lambda_k2.float())
+        return torch.exp(dot1) - torch.exp(dot2) + self.lambda_init
+
+    def forward(
+        self, x: torch.Tensor, *, return_weights: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """x (B,N,d_model) -> (B,N,d_model); with `return_weights` also {"a1", "a2": (B,h,N,N), "lambda"},
+        computed by the math backend whatever `backend` is (the fused kernels never form the maps)."""
+        batch, n, _ = x.shape
+        d, h, h_kv = self.head_dim, self.n_heads, self.n_kv_heads
+        q = self.position(self.q_proj(x).view(batch, n, 2 * h, d).transpose(1, 2))  # RoPE on every sub-head
+        k = self.position(self.k_proj(x).view(batch, n, 2 * h_kv, d).transpose(1, 2))
+        v = self.v_proj(x).view(batch, n, h_kv, 2 * d).transpose(1, 2)
+        lam = self.lambda_value()
+        result = backends.diff_attend(
+            q[:, 0::2],
+            q[:, 1::2],
+            k[:, 0::2],
+            k[:, 1::2],
+            v,
+            lam,
+            backend=self.backend,
+            return_weights=return_weights,
+        )
+        out, weights = result if return_weights else (result, None)  # (B,h,N,2d)
+        if self.subln is not None:
+            out = self.subln(out)
+        out = out * (1 - self.lambda_init)
+        out = self.out_proj(out.transpose(1, 2).reshape(batch, n, h * 2 * d))
+        return (out, weights) if return_weights else out
+
+    def flops(self, seq_len: int) -> int:
+        """Projections plus Eq. 1 as the math form computes it: Q K^T for 2h sub-heads of width d and one
+        (A1 - λ A2) V product with V of width 2d, maps dense; equal to a Transformer with 2h heads of width d."""
+        d, h, h_kv, n = self.head_dim, self.n_heads, self.n_kv_heads, seq_len
+        projections = 2 * n * self.d_model * (2 * h * d + 2 * h_kv * d + 2 * h_kv * d + 2 * h * d)
+        scores = 2 * (2 * h) * n * n * d
+        mix = 2 * h * n * n * (2 * d)
+        return projections + scores + mix

@@ -1,0 +1,141 @@
+"""Attention cores: backend selection, the flash-attn seam, each core against float64 formulas, and
+which SDPA kernel actually runs on CPU."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from ablate.errors import UserError
+from ablate.registry import build
+from components.attention import backends
+
+FUSED_CPU = "aten::_scaled_dot_product_flash_attention_for_cpu"
+MATH = "aten::_scaled_dot_product_attention_math"
+CUDA = torch.device("cuda")  # a device object only: nothing runs on it
+
+
+def softmax64(q, k, v):
+    """Causal softmax attention in float64, kv heads repeated per group; q (B,H,N,d), k/v (B,G,N,e)."""
+    q, k, v = q.double(), k.double(), v.double()
+    repeat = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1)
+    n = q.shape[2]
+    scores = torch.einsum("bhid,bhjd->bhij", q, k) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return scores.softmax(-1), torch.einsum("bhij,bhje->bhie", scores.softmax(-1), v)
+
+
+def rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def test_flash_seam_reports_a_missing_package(no_flash):
+    with pytest.raises(UserError) as e:
+        backends.flash_attn_func()
+    assert str(e.value) == (
+        "flash_attn backend: the flash-attn package is not installed (pip install 'ablate[flash]', CUDA only)"
+    )
+    with pytest.raises(UserError, match="flash-attn package is not installed"):
+        build("attention", "diff", d_model=32, head_dim=4, layer_idx=0, n_layers=1, backend="flash_attn")
+
+
+def test_flash_seam_returns_the_installed_function(fake_flash):
+    assert backends.flash_attn_func() is sys.modules["flash_attn"].flash_attn_func
+
+
+def test_resolve(fake_flash, monkeypatch):
+    cpu = torch.device("cpu")
+    assert backends.resolve("auto", cpu, torch.bfloat16) == "sdpa"
+    assert backends.resolve("auto", CUDA, torch.bfloat16) == "flash_attn"
+    assert backends.resolve("auto", CUDA, torch.float16) == "flash_attn"
+    assert backends.resolve("auto", CUDA, torch.float32) == "sdpa"  # flash-attn has no fp32 kernels
+    for name in ("math", "sdpa", "flash_attn"):
+        assert backends.resolve(name, cpu, torch.float32) == name
+    monkeypatch.setitem(sys.modules, "flash_attn", None)
+    assert backends.resolve("auto", CUDA, torch.bfloat16) == "sdpa"
+
+
+def test_unknown_backend():
+    with pytest.raises(
+        UserError, match=r"backend: unknown attention backend 'flsh_attn' \(did you mean 'flash_attn'\?\)"
+    ):
+        backends.check_backend("flsh_attn")
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa", "flash_attn", "auto"])
+@pytest.mark.parametrize("kv_heads", [6, 2, 1])
+def test_attend(fake_flash, backend, kv_heads):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 6, 9, 8), torch.randn(2, kv_heads, 9, 8), torch.randn(2, kv_heads, 9, 8)
+    maps, expected = softmax64(q, k, v)
+    assert rel(backends.attend(q, k, v, backend=backend), expected) < 1e-6
+    out, weights = backends.attend(q, k, v, backend=backend, return_weights=True)
+    assert rel(out, expected) < 1e-6 and rel(weights, maps) < 1e-6
+    assert len(fake_flash) == (backend == "flash_attn")
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa", "flash_attn", "auto"])
+@pytest.mark.parametrize("kv_heads", [3, 1])
+def test_diff_attend(fake_flash, backend, kv_heads):
+    """Eq. 1 with Q1 of head i against K1 of group i // (h / h_kv), Q2 against K2 of that group."""
+    torch.manual_seed(0)
+    h, d = 3, 4
+    q1, q2 = torch.randn(2, h, 9, d), torch.randn(2, h, 9, d)
+    k1, k2 = torch.randn(2, kv_heads, 9, d), torch.randn(2, kv_heads, 9, d)
+    v = torch.randn(2, kv_heads, 9, 2 * d)
+    lam = torch.tensor(0.37)
+    a1, _ = softmax64(q1, k1, v)
+    a2, _ = softmax64(q2, k2, v)
+    expected = torch.einsum("bhij,bhje->bhie", a1 - 0.37 * a2, v.double().repeat_interleave(h // kv_heads, 1))
+    out = backends.diff_attend(q1, q2, k1, k2, v, lam, backend=backend)
+    assert out.shape == (2, h, 9, 2 * d)
+    assert rel(out, expected) < 1e-6
+    if backend == "flash_attn":  # FlashDiffAttn_2 with Q1|Q2 stacked: one call per V half, equal widths
+        assert [(c["q"], c["k"]) for c in fake_flash] == [((2, 9, 2 * h, d), (2, 9, 2 * kv_heads, d))] * 2
+    else:
+        assert not fake_flash
+
+
+def sdpa_ops(fn) -> dict[str, int]:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.key: e.count for e in prof.key_averages() if "scaled_dot_product" in e.key}
+
+
+def test_profiler_tells_the_kernels_apart():
+    """The detector used below can fail: a V wider than Q/K runs SDPA's math kernel."""
+    q, k, v = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 8)
+    assert MATH in sdpa_ops(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    assert FUSED_CPU in sdpa_ops(lambda: F.scaled_dot_product_attention(q, k, v[..., :4], is_causal=True))
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("kind", ["diff", "softmax"])
+def test_sdpa_runs_the_fused_cpu_kernel(kind, n_kv_heads):
+    module = build(
+        "attention",
+        {"name": kind, "n_kv_heads": n_kv_heads},
+        d_model=64,
+        head_dim=8,
+        layer_idx=0,
+        n_layers=1,
+        backend="sdpa",
+    )
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    ops = sdpa_ops(lambda: module(x).sum().backward())
+    assert MATH not in ops, ops
+    assert ops.get(FUSED_CPU) == (2 if kind == "diff" else 1)  # diff: one call per V half
+    assert ops.get(FUSED_CPU + "_backward") == ops[FUSED_CPU]
+
+
+def test_core_shape_errors():
+    q = torch.randn(1, 4, 5, 8)
+    with pytest.raises(ValueError, match="do not divide"):
+        backends.attend(q, torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8), backend="math")
+    with pytest.raises(ValueError, match="do not fit"):
+        backends.diff_attend(q, q, q, q, torch.randn(1, 4, 5, 8), torch.tensor(0.5), backend="math")
