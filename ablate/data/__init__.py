@@ -1,0 +1,34 @@
+"""Corpora, tokenizers and batches: the recipe's `data:` section -> the same micro-batches for every variant.
+
+    data:
+      source: stdlib        # 'stdlib' | a text file | a .jsonl file | a folder of them | a shard folder
+      tokenizer: byte       # byte | bpe | tiktoken | {name: bpe, vocab_size: 4096} | {name: tiktoken, ...}
+      text_key: text        # .jsonl field holding the text
+      separator: null       # split text files into documents on this string
+      val_fraction: 0.05    # documents held out for validation
+
+Modules: `config` (the keys), `corpus` (text sources, the by-document split, fingerprints), `tokenizers`,
+`shards` (the on-disk token format), `tokens` (cache, `load_tokens`, `prepare`), `loader` (batches).
+"""
+
+from ablate.data.config import DEFAULTS, DataConfig, parse_data_config
+from ablate.data.loader import TrainBatches, ValBatches, train_batch, val_starts
+from ablate.data.tokenizers import get_tokenizer, parse_tokenizer_spec, vocab_size_of
+from ablate.data.tokens import TokenData, load_tokens, prepare, vocab_size_for
+
+__all__ = [
+    "DEFAULTS",
+    "DataConfig",
+    "TokenData",
+    "TrainBatches",
+    "ValBatches",
+    "get_tokenizer",
+    "load_tokens",
+    "parse_data_config",
+    "parse_tokenizer_spec",
+    "prepare",
+    "train_batch",
+    "val_starts",
+    "vocab_size_for",
+    "vocab_size_of",
+]

@@ -1,0 +1,133 @@
+"""Token arrays -> micro-batches that every variant sees in the same order.
+
+Train micro-batch `i` is `micro_batch_size` windows of `seq_len + 1` tokens (inputs plus the last
+target) at random offsets drawn from a generator seeded by (seed, i) alone: nothing about the model, the
+process or the batches before it enters, so every variant with seed k sees the same batches, and a run
+resumed at micro-batch `global_step * accumulate` continues the stream without replaying it. Windows
+cross document boundaries (packing); the end-of-document token marks them.
+
+Validation is `n_batches` micro-batches of non-overlapping windows spread evenly over the val tokens
+(so every part of the held-out split counts), the same for every run and seed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from ablate.errors import UserError
+
+_TRAIN_SALT = 0x0AB1A7E  # keeps the batch stream apart from other generators seeded with the same seed
+
+
+def _check_sizes(n_tokens: int, seq_len: int, micro_batch_size: int, split: str) -> None:
+    for name, value in (("seq_len", seq_len), ("micro_batch_size", micro_batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"{name}: {value!r} is not a positive integer")
+    if n_tokens < seq_len + 1:
+        raise UserError(
+            f"seq_len: windows of {seq_len + 1} tokens (seq_len + 1) do not fit in the "
+            f"{n_tokens}-token {split} split; lower seq_len or use a larger data.source"
+        )
+
+
+def _windows(tokens: np.ndarray, starts: np.ndarray, width: int) -> torch.Tensor:
+    rows = np.stack([np.asarray(tokens[s : s + width]) for s in starts.tolist()])
+    return torch.from_numpy(rows.astype(np.int64))
+
+
+def train_batch(
+    tokens: np.ndarray, index: int, *, seq_len: int, micro_batch_size: int, seed: int
+) -> torch.Tensor:
+    """Train micro-batch number `index`: LongTensor (micro_batch_size, seq_len + 1)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UserError(f"seed: {seed!r} is not a non-negative integer")
+    if index < 0:
+        raise ValueError(f"micro-batch index {index} < 0")
+    _check_sizes(len(tokens), seq_len, micro_batch_size, "train")
+    rng = np.random.default_rng([_TRAIN_SALT, seed, index])
+    starts = rng.integers(0, len(tokens) - seq_len, size=micro_batch_size)  # last start: len - (seq_len+1)
+    return _windows(tokens, starts, seq_len + 1)
+
+
+class TrainBatches(IterableDataset):
+    """Train micro-batches `start, start + 1, ...` (up to `stop`, or forever) as an IterableDataset.
+
+    Use it with `DataLoader(ds, batch_size=None)`. With `world_size` > 1, rank r takes micro-batches
+    start + r, start + r + world_size, ...; DataLoader workers split a rank's share round-robin, which the
+    DataLoader reassembles in order.
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        *,
+        seq_len: int,
+        micro_batch_size: int,
+        seed: int,
+        start: int = 0,
+        stop: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        _check_sizes(len(tokens), seq_len, micro_batch_size, "train")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} not in [0, {world_size})")
+        self.tokens, self.seq_len, self.micro_batch_size, self.seed = tokens, seq_len, micro_batch_size, seed
+        self.start, self.stop, self.rank, self.world_size = start, stop, rank, world_size
+
+    def indices(self) -> range:
+        """The micro-batch numbers this rank yields (all workers together)."""
+        stop = self.stop if self.stop is not None else 2**62
+        return range(self.start + self.rank, max(stop, self.start + self.rank), self.world_size)
+
+    def __len__(self) -> int:
+        if self.stop is None:
+            raise TypeError("an endless TrainBatches has no length; give stop")
+        return len(self.indices())
+
+    def __iter__(self):
+        indices = self.indices()
+        info = get_worker_info()
+        if info is not None:
+            indices = indices[info.id :: info.num_workers]
+        for i in indices:
+            yield train_batch(
+                self.tokens, i, seq_len=self.seq_len, micro_batch_size=self.micro_batch_size, seed=self.seed
+            )
+
+
+def val_starts(n_tokens: int, *, seq_len: int, micro_batch_size: int, n_batches: int) -> np.ndarray:
+    """Start offsets of the validation windows: n_batches * micro_batch_size, evenly spread, disjoint."""
+    _check_sizes(n_tokens, seq_len, micro_batch_size, "val")
+    if isinstance(n_batches, bool) or not isinstance(n_batches, int) or n_batches < 1:
+        raise UserError(f"val_batches: {n_batches!r} is not a positive integer")
+    width, count = seq_len + 1, n_batches * micro_batch_size
+    if count * width > n_tokens:
+        most = n_tokens // (width * micro_batch_size)
+        raise UserError(
+            f"val_batches: {n_batches} micro-batches of {micro_batch_size} x {width} tokens need "
+            f"{count * width} validation tokens but the val split has {n_tokens}; use at most "
+            f"{most} (or a shorter seq_len, or a larger data.val_fraction)"
+        )
+    if count == 1:
+        return np.zeros(1, dtype=np.int64)
+    stride = (n_tokens - width) // (count - 1)  # >= width because count * width <= n_tokens
+    return np.arange(count, dtype=np.int64) * stride
+
+
+class ValBatches(Dataset):
+    """The fixed validation micro-batches: item j is LongTensor (micro_batch_size, seq_len + 1)."""
+
+    def __init__(self, tokens: np.ndarray, *, seq_len: int, micro_batch_size: int, n_batches: int):
+        self.tokens, self.seq_len, self.micro_batch_size = tokens, seq_len, micro_batch_size
+        self.starts = val_starts(
+            len(tokens), seq_len=seq_len, micro_batch_size=micro_batch_size, n_batches=n_batches
+        ).reshape(n_batches, micro_batch_size)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, j: int) -> torch.Tensor:
+        return _windows(self.tokens, self.starts[j], self.seq_len + 1)

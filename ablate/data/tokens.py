@@ -1,0 +1,221 @@
+"""Corpus + tokenizer -> token arrays, cached; and `prepare`, which writes the same shards elsewhere.
+
+`load_tokens` tokenises a text corpus once into `<workspace>/cache/tokens/<tokenizer>-<key>/` (a shard
+folder, see `ablate.data.shards`), keyed by the corpus fingerprint and the tokenizer spec, and memory-maps
+it on every later call. A shard-folder source is read in place. The cache folder appears atomically
+(written beside it, then renamed), so concurrent runs on one machine never read half a cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ablate.data.config import parse_data_config
+from ablate.data.corpus import TextCorpus, open_text_corpus
+from ablate.data.shards import (
+    dtype_for,
+    dtype_name,
+    is_shard_folder,
+    read_shards,
+    shard_fingerprint,
+    write_split,
+)
+from ablate.data.tokenizers import BpeTokenizer, get_tokenizer, tokenizer_label, vocab_size_of
+from ablate.errors import UserError
+
+_CACHE_FORMAT = 1  # bump when the token layout changes, so old caches are not reused
+_ENCODE_CHUNK_CHARS = 1 << 22  # texts handed to encode_batch at once (it runs them in parallel)
+
+
+@dataclass(frozen=True)
+class TokenData:
+    train: np.ndarray  # 1-D token ids, documents each followed by eos_id (memory-mapped)
+    val: np.ndarray
+    vocab_size: int
+    eos_id: int
+    tokenizer: str  # byte, bpe-4096, tiktoken-cl100k_base
+    tokenizer_spec: dict[str, Any]
+    fingerprint: dict[str, Any]  # of the corpus (text source) or of the shard folder
+
+    def describe(self) -> dict[str, Any]:
+        """What a run records about its data."""
+        return {
+            "tokenizer": self.tokenizer_spec,
+            "vocab_size": self.vocab_size,
+            "eos_id": self.eos_id,
+            "train_tokens": int(len(self.train)),
+            "val_tokens": int(len(self.val)),
+            "fingerprint": self.fingerprint,
+        }
+
+
+def _shard_source(source: str) -> Path | None:
+    if source == "stdlib":
+        return None
+    path = Path(source).expanduser()
+    return path if is_shard_folder(path) else None
+
+
+def vocab_size_for(data_cfg: Mapping[str, Any] | None) -> int:
+    """The model's vocabulary size for this `data:` section, without tokenising anything."""
+    cfg = parse_data_config(data_cfg)
+    folder = _shard_source(cfg.source)
+    if folder is None:
+        return vocab_size_of(cfg.tokenizer or "byte")
+    return _check_spec(cfg.tokenizer, read_shards(folder, check_ids=False).header, folder)["vocab_size"]
+
+
+def _check_spec(spec: dict | None, header: dict, folder: Path) -> dict:
+    if spec is not None and spec != header["tokenizer"]:
+        raise UserError(
+            f"data.tokenizer: {spec} differs from the tokenizer of the shards in {folder} "
+            f"({header['tokenizer']}); drop data.tokenizer or set it to theirs"
+        )
+    return header
+
+
+def load_tokens(data_cfg: Mapping[str, Any] | None, workspace: Path) -> TokenData:
+    """Train and val token arrays for the `data:` section (tokenised once, then memory-mapped)."""
+    cfg = parse_data_config(data_cfg)
+    folder = _shard_source(cfg.source)
+    if folder is not None:
+        shards = read_shards(folder)
+        _check_spec(cfg.tokenizer, shards.header, folder)
+        fingerprint = shard_fingerprint(folder, shards)
+    else:
+        corpus = open_text_corpus(cfg)
+        spec = cfg.tokenizer or {"name": "byte"}
+        folder = _token_cache_dir(Path(workspace), corpus.fingerprint, spec)
+        shards = None
+        if folder.exists():
+            try:
+                shards = read_shards(folder, key="workspace cache", check_ids=False)
+            except UserError:  # a damaged cache is rebuilt, not reported
+                shutil.rmtree(folder, ignore_errors=True)
+        if shards is None:
+            _build_atomically(folder, lambda tmp: _write_shard_folder(tmp, corpus, spec, Path(workspace)))
+            shards = read_shards(folder, key="workspace cache", check_ids=False)
+        fingerprint = corpus.fingerprint
+    h = shards.header
+    return TokenData(
+        train=shards.train,
+        val=shards.val,
+        vocab_size=h["vocab_size"],
+        eos_id=h["eos_id"],
+        tokenizer=tokenizer_label(h["tokenizer"]),
+        tokenizer_spec=h["tokenizer"],
+        fingerprint=fingerprint,
+    )
+
+
+def prepare(
+    data_cfg: Mapping[str, Any] | None, out_dir: Path, workspace: Path, shard_tokens: int | None = None
+) -> list[Path]:
+    """Tokenise the corpus into a new shard folder `out_dir` (readable as `data.source`); returns the
+    .bin paths, train then val. `shard_tokens` caps the tokens per shard (None: one shard per split)."""
+    cfg = parse_data_config(data_cfg)
+    if _shard_source(cfg.source) is not None:
+        raise UserError(f"data.source: {cfg.source} is already a shard folder; give a text source to prepare")
+    if shard_tokens is not None and (
+        isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1
+    ):
+        raise UserError(f"shard_tokens: {shard_tokens!r} is not a positive integer")
+    out_dir = Path(out_dir).expanduser()
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise UserError(f"out_dir: {out_dir} exists and is not an empty folder; give a new or empty folder")
+    corpus = open_text_corpus(cfg)
+    spec = cfg.tokenizer or {"name": "byte"}
+    if out_dir.exists():
+        out_dir.rmdir()  # empty: the atomic rename below needs the name free
+    paths: list[Path] = []
+
+    def write(tmp: Path) -> None:
+        paths.extend(_write_shard_folder(tmp, corpus, spec, Path(workspace), shard_tokens))
+
+    _build_atomically(out_dir, write)
+    return [out_dir / p.parent.name / p.name for p in paths]
+
+
+def _token_cache_dir(workspace: Path, fingerprint: dict, spec: dict) -> Path:
+    key = json.dumps({"corpus": fingerprint, "tokenizer": spec, "format": _CACHE_FORMAT}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return workspace / "cache" / "tokens" / f"{tokenizer_label(spec)}-{digest}"
+
+
+def _build_atomically(folder: Path, build) -> None:
+    """Run build(tmp) in a sibling temp folder, then rename it to `folder` (the loser of a race drops its copy)."""
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))
+    except OSError as e:
+        raise UserError(
+            f"workspace: cannot write {folder.parent} ({e.strerror}); give a writable folder"
+        ) from None
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not folder.exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_shard_folder(
+    folder: Path, corpus: TextCorpus, spec: dict, workspace: Path, shard_tokens: int | None = None
+) -> list[Path]:
+    tok = get_tokenizer(
+        spec,
+        workspace=workspace,
+        fingerprint=corpus.fingerprint,
+        train_documents=lambda: corpus.documents("train"),
+    )
+    header = {
+        "tokenizer": tok.spec,
+        "vocab_size": tok.vocab_size,
+        "eos_id": tok.eos_id,
+        "dtype": dtype_name(dtype_for(tok.vocab_size)),
+        "corpus": corpus.fingerprint,
+    }
+    paths = []
+    for split in ("train", "val"):
+        paths += write_split(folder, split, _encoded(corpus, tok, split), header, shard_tokens)
+    if isinstance(tok, BpeTokenizer):
+        tok.save(folder / "tokenizer.json")
+    return paths
+
+
+def _encoded(corpus: TextCorpus, tok, split: str) -> Iterator[np.ndarray]:
+    """The split's documents as token arrays, encoded in chunks (encode_batch is parallel)."""
+    with tqdm(
+        total=corpus.n_documents(split),
+        unit="doc",
+        desc=f"tokenising {split} ({tok.label})",
+        delay=2.0,
+        leave=False,
+        disable=None,
+    ) as bar:
+        chunk: list[str] = []
+        size = 0
+        for text in corpus.documents(split):
+            chunk.append(text)
+            size += len(text)
+            if size >= _ENCODE_CHUNK_CHARS:
+                yield from tok.encode_batch(chunk)
+                bar.update(len(chunk))
+                chunk, size = [], 0
+        if chunk:
+            yield from tok.encode_batch(chunk)
+            bar.update(len(chunk))

@@ -1,0 +1,91 @@
+"""Loss slices for Table 6: AR-Hit and Others (Zoology, Arora et al. 2023).
+
+A target token is an AR hit when it completes a bigram that already occurred earlier in the same
+sequence (associative recall: the model can copy it from context); every other target is "Others".
+Zoology also set aside bigrams frequent in the training data; this module does not (paper-notes.md).
+The slices mean little under a byte tokenizer, where almost every bigram repeats: report each slice's
+share of tokens beside its loss.
+
+Validation accumulates `sliced_loss_sums` over batches (`merge_sums`), then `slice_summary` gives the
+means and shares.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+SUM_KEYS = ("total_sum", "total_count", "ar_hit_sum", "ar_hit_count", "others_sum", "others_count")
+
+
+def ar_hit_mask(tokens: torch.Tensor) -> torch.Tensor:
+    """tokens (B, N+1) -> bool (B, N): target t (tokens[:, t+1] given tokens[:, :t+1]) is an AR hit iff
+    (tokens[t], tokens[t+1]) == (tokens[s], tokens[s+1]) for some s < t. Ids must be in [0, 2**31)."""
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must be (batch, seq_len + 1), got shape {tuple(tokens.shape)}")
+    x = tokens.long()
+    keys = (x[:, :-1] << 32) | x[:, 1:]  # one int64 per bigram
+    # A stable sort keeps equal bigrams in position order: all but the first of each run are repeats.
+    sorted_keys, order = torch.sort(keys, dim=-1, stable=True)
+    repeat = torch.zeros_like(sorted_keys, dtype=torch.bool)
+    repeat[:, 1:] = sorted_keys[:, 1:] == sorted_keys[:, :-1]
+    return torch.zeros_like(repeat).scatter_(1, order, repeat)
+
+
+def sliced_loss_sums(per_token_loss: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Sums and counts of the loss over all targets, AR hits and Others (0-d tensors, float64 sums), to be
+    added over batches (and all-reduced across ranks) before `slice_summary`."""
+    if per_token_loss.shape != mask.shape:
+        raise ValueError(f"loss {tuple(per_token_loss.shape)} and mask {tuple(mask.shape)} differ in shape")
+    loss = per_token_loss.detach().double()
+    hit = mask.bool()
+    zero = torch.zeros((), dtype=loss.dtype, device=loss.device)
+    ar_hit_sum = torch.where(hit, loss, zero).sum()
+    others_sum = torch.where(hit, zero, loss).sum()
+    ar_hit_count = hit.sum()
+    total_count = torch.tensor(hit.numel(), device=hit.device)
+    return {
+        "total_sum": loss.sum(),
+        "total_count": total_count,
+        "ar_hit_sum": ar_hit_sum,
+        "ar_hit_count": ar_hit_count,
+        "others_sum": others_sum,
+        "others_count": total_count - ar_hit_count,
+    }
+
+
+def merge_sums(
+    acc: Mapping[str, torch.Tensor] | None, sums: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """acc + sums, key by key (acc None starts the accumulation)."""
+    if acc is None:
+        return {k: sums[k].clone() for k in SUM_KEYS}
+    return {k: acc[k] + sums[k] for k in SUM_KEYS}
+
+
+def slice_summary(sums: Mapping[str, torch.Tensor | float]) -> dict[str, float]:
+    """Mean loss of all targets and of each slice (nan for an empty slice) and each slice's token share."""
+    s = {k: float(sums[k]) for k in SUM_KEYS}
+    total = s["total_count"]
+
+    def mean(name: str) -> float:
+        return s[f"{name}_sum"] / s[f"{name}_count"] if s[f"{name}_count"] else math.nan
+
+    return {
+        "loss": mean("total"),
+        "ar_hit_loss": mean("ar_hit"),
+        "others_loss": mean("others"),
+        "ar_hit_share": s["ar_hit_count"] / total if total else math.nan,
+        "others_share": s["others_count"] / total if total else math.nan,
+    }
+
+
+def unigram_entropy(tokens: np.ndarray, vocab_size: int) -> float:
+    """Entropy (nats per token) of the empirical unigram distribution: the loss of a model that knows
+    only token frequencies; a baseline for validation loss."""
+    counts = np.bincount(np.asarray(tokens), minlength=vocab_size).astype(np.float64)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
