@@ -1,0 +1,171 @@
+"""`DecoderLM`: a pre-norm decoder assembled from registered components (Section 2.2).
+
+    x = embed(tokens)
+    for each layer:  y = x + attention(norm(x));  x = y + ffn(norm(y))
+    logits = lm_head(norm(x))
+
+Initialisation (`DecoderLM.reset_parameters(seed)`), written down because paired seeds rely on it:
+- every parameter draws from its own generator, seeded by (seed, parameter name). A parameter that two
+  variants share by name and shape (embeddings, FFNs, norms, q/k/v projections of equal shape) therefore
+  starts identical in both, whatever else differs: seed k pairs the variants.
+- matrices (embedding, projections, LM head): Normal(0, init_std), init_std 0.02 (GPT-2 / LLaMA).
+- residual output projections a component lists in `residual_out` (attention out_proj, FFN w2): zero
+  when `zero_init_residual` (the default), so every block starts as the identity and every variant of a
+  recipe computes the same function at step 0 (identical initial loss: a clean paired start);
+  otherwise Normal(0, init_std / sqrt(2 n_layers)) (GPT-2). Gradients reach all parameters from the
+  second step on.
+- vectors (norm weights): ones.
+- parameters a component lists in `init_std` (diff attention's λ vectors): Normal(0, that std)
+  (reference code: λ vectors Normal(0, 0.1)).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import torch
+from torch import nn
+
+from ablate import registry
+from ablate.errors import UserError
+
+
+REQUIRED_MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "head_dim")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The recipe's `model:` section, every default explicit."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    head_dim: int  # the Transformer's head dimension d (Table 6 / Table 10); attentions derive heads from it
+    attention: Any = "softmax"
+    norm: Any = "rmsnorm"
+    ffn: Any = "swiglu"
+    position: Any = field(default_factory=lambda: {"name": "rope", "style": "interleaved"})
+    attention_backend: str = "auto"
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    zero_init_residual: bool = True
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], key: str = "model") -> ModelConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise UserError(
+                f"{key}.{unknown[0]}: unknown model key{registry.closest(unknown[0], known)}; "
+                f"keys: {', '.join(sorted(known))}"
+            )
+        missing = [m for m in REQUIRED_MODEL_KEYS if m not in raw]
+        if missing:
+            raise UserError(f"{key}.{missing[0]}: required, not set")
+        for name in REQUIRED_MODEL_KEYS:
+            value = raw[name]
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise UserError(f"{key}.{name}: expected a positive integer, got {value!r}")
+        if raw["d_model"] % raw["head_dim"]:
+            raise UserError(f"{key}.head_dim: {raw['head_dim']} does not divide d_model {raw['d_model']}")
+        return cls(**raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Block(nn.Module):
+    """One pre-norm decoder block: attention and FFN, each behind a norm and a residual."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.attn_norm = registry.build("norm", config.norm, key="model.norm", dim=config.d_model)
+        self.attention = registry.build(
+            "attention",
+            config.attention,
+            key="model.attention",
+            d_model=config.d_model,
+            head_dim=config.head_dim,
+            layer_idx=layer_idx,
+            n_layers=config.n_layers,
+            position=config.position,
+            backend=config.attention_backend,
+        )
+        self.ffn_norm = registry.build("norm", config.norm, key="model.norm", dim=config.d_model)
+        self.ffn = registry.build("ffn", config.ffn, key="model.ffn", d_model=config.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attn_norm(x))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class DecoderLM(nn.Module):
+    """Embedding, `n_layers` pre-norm blocks, final norm, LM head (tied or untied)."""
+
+    def __init__(self, config: ModelConfig | Mapping[str, Any]):
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            config = ModelConfig.from_dict(config)
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+        self.final_norm = registry.build("norm", config.norm, key="model.norm", dim=config.d_model)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (batch, seq) -> logits (batch, seq, vocab)."""
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.final_norm(x))
+
+    def flops(self, seq_len: int) -> int:
+        """Forward FLOPs for one sequence: what every component reports, plus the LM head."""
+        total = 2 * seq_len * self.config.d_model * self.config.vocab_size
+        for module in self.modules():
+            if module is not self and hasattr(module, "flops"):
+                total += module.flops(seq_len)
+        return total
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int) -> None:
+        """Initialise every parameter as the module docstring says, from `seed`."""
+        special: dict[str, float] = {}
+        residual: set[str] = set()
+        for prefix, module in self.named_modules():
+            dot = f"{prefix}." if prefix else ""
+            special.update({dot + name: std for name, std in dict(getattr(module, "init_std", {})).items()})
+            residual.update(dot + name for name in getattr(module, "residual_out", ()))
+        std = self.config.init_std
+        for name, param in self.named_parameters():
+            gen = torch.Generator(device="cpu").manual_seed(_name_seed(seed, name))
+            if name in special:
+                value = torch.randn(param.shape, generator=gen) * special[name]
+            elif param.ndim == 1:
+                value = torch.ones(param.shape)
+            elif name in residual and self.config.zero_init_residual:
+                value = torch.zeros(param.shape)
+            else:
+                scale = std / math.sqrt(2 * self.config.n_layers) if name in residual else std
+                value = torch.randn(param.shape, generator=gen) * scale
+            param.copy_(value.to(param.dtype))
+
+
+def _name_seed(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def build_model(config: ModelConfig | Mapping[str, Any], *, seed: int = 0, device: str | None = None) -> DecoderLM:
+    """Build and initialise a model. On device 'meta' nothing is allocated or initialised (for budgets)."""
+    with torch.device(device or "cpu"):
+        model = DecoderLM(config)
+    if device != "meta":
+        model.reset_parameters(seed)
+    return model
