@@ -1,0 +1,194 @@
+"""MLflow: where the store is, how runs are named and tagged, and how a run is found again.
+
+- Store: embedded by default, SQLite at `<workspace>/mlflow.db` with artifacts under
+  `<workspace>/artifacts`; `--tracking-uri` (e.g. http://host:5000) switches to a server.
+- Experiment = recipe name (+ "-<scale>" unless the scale is `paper`), so scales never mix in one table.
+- Run name = variant (-size) -s<seed>; tags: recipe, variant, scale, seed, size, label, run key, code version.
+- A run is found again by its run key (a hash of its resolved config): resuming never creates a
+  second MLflow run for the same RunSpec unless the first one finished and `fresh` is asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ablate.errors import UserError
+
+TAG = "ablate."
+RUN_KEY = TAG + "run_key"
+PARENT = "mlflow.parentRunId"
+
+
+def tracking_uri_for(workspace: Path, tracking_uri: str | None) -> str:
+    if tracking_uri:
+        return tracking_uri
+    workspace = ensure_workspace(workspace)
+    return f"sqlite:///{workspace / 'mlflow.db'}"
+
+
+def ensure_workspace(workspace: Path) -> Path:
+    workspace = Path(workspace).resolve()
+    try:
+        workspace.mkdir(parents=True, exist_ok=True)
+        probe = workspace / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"--workspace: cannot write to {workspace}: {e.strerror or e}") from None
+    return workspace
+
+
+def experiment_name(recipe: str, scale: str) -> str:
+    return recipe if scale == "paper" else f"{recipe}-{scale}"
+
+
+def client_for(workspace: Path, tracking_uri: str | None):
+    import logging
+
+    import mlflow
+
+    # Alembic's migration chatter on first use of a SQLite store says nothing a user needs.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    return mlflow.MlflowClient(tracking_uri=tracking_uri_for(workspace, tracking_uri))
+
+
+def get_experiment_id(client, name: str, workspace: Path) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = None
+    if client.tracking_uri.startswith("sqlite:"):
+        location = (ensure_workspace(workspace) / "artifacts" / name).as_uri()
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except Exception:  # another worker created it first
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+def code_version() -> str:
+    """The git commit of the ablate checkout (with '+dirty'), or the package version."""
+    import ablate
+
+    root = Path(ablate.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return commit + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return f"ablate-{ablate.__version__}"
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{'model': {'d_model': 8}} -> {'model.d_model': 8}; lists stay one value."""
+    if isinstance(tree, dict) and tree:
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): tree}
+
+
+def find_runs(client, experiment_id: str, run_key: str) -> list:
+    return client.search_runs([experiment_id], filter_string=f"tags.`{RUN_KEY}` = '{run_key}'",
+                              order_by=["attributes.start_time DESC"])
+
+
+def run_tags(run, code: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    tags = {
+        TAG + "recipe": run.recipe, TAG + "variant": run.variant, TAG + "label": run.label,
+        TAG + "scale": run.scale, TAG + "seed": str(run.seed), TAG + "size": run.size or "",
+        RUN_KEY: run.key, TAG + "code_version": code,
+    }
+    tags.update(extra or {})
+    return tags
+
+
+def open_run(client, run, workspace: Path, *, parent_run_id: str | None = None, fresh: bool = False,
+             extra_tags: dict[str, str] | None = None) -> tuple[str, str]:
+    """The MLflow run for `run`: ('resumed'|'finished'|'new', run_id).
+
+    An unfinished run with the same key (status RUNNING: its process died or was stopped) is resumed,
+    so there is one MLflow run per RunSpec whatever the number of interruptions; a finished one is
+    returned as 'finished' unless `fresh`. A FAILED or KILLED run stays as the record of that attempt.
+    """
+    experiment_id = get_experiment_id(client, experiment_name(run.recipe, run.scale), workspace)
+    for existing in find_runs(client, experiment_id, run.key):
+        status = existing.info.status
+        if status == "FINISHED" and not fresh:
+            return "finished", existing.info.run_id
+        if status in ("RUNNING", "SCHEDULED") and not fresh:
+            client.update_run(existing.info.run_id, status="RUNNING")
+            return "resumed", existing.info.run_id
+    tags = run_tags(run, code_version(), extra_tags)
+    if parent_run_id:
+        tags[PARENT] = parent_run_id
+    created = client.create_run(experiment_id, run_name=run.name, tags=tags)
+    run_id = created.info.run_id
+    log_params(client, run_id, flatten(run.config))
+    log_text(client, run_id, resolved_recipe_yaml(run), "resolved_recipe.yaml")
+    return "new", run_id
+
+
+def resolved_recipe_yaml(run) -> str:
+    import yaml
+
+    header = {"recipe": run.recipe, "variant": run.variant, "label": run.label, "scale": run.scale,
+              "seed": run.seed, "size": run.size, "run_key": run.key}
+    return yaml.safe_dump({**header, **run.config}, sort_keys=False, allow_unicode=True)
+
+
+def log_params(client, run_id: str, params: dict[str, Any]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(k[:250], json.dumps(v) if not isinstance(v, str) else v) for k, v in params.items()]
+    for start in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[start:start + 100])
+
+
+def log_metrics(client, run_id: str, metrics: dict[str, float], step: int) -> None:
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    items = [Metric(k, float(v), now, int(step)) for k, v in metrics.items() if v is not None and math.isfinite(v)]
+    if items:
+        client.log_batch(run_id, metrics=items)
+
+
+def log_text(client, run_id: str, text: str, name: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / name
+        path.write_text(text)
+        client.log_artifact(run_id, str(path))
+
+
+def log_files(client, run_id: str, paths: list[Path], artifact_path: str | None = None) -> None:
+    for path in paths:
+        client.log_artifact(run_id, str(path), artifact_path)
+
+
+def serve_ui(workspace: Path, tracking_uri: str | None, host: str = "127.0.0.1", port: int = 5000) -> int:
+    """Run `mlflow ui` over the workspace store (blocks until interrupted)."""
+    if tracking_uri and tracking_uri.startswith("http"):
+        print(f"the tracking server is already a UI: open {tracking_uri}")
+        return 0
+    uri = tracking_uri_for(workspace, tracking_uri)
+    artifacts = (ensure_workspace(workspace) / "artifacts").as_uri()
+    print(f"MLflow UI on http://{host}:{port}  (store {uri}; Ctrl-C stops it)", flush=True)
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
+           "--default-artifact-root", artifacts, "--host", host, "--port", str(port)]
+    try:
+        return subprocess.call(cmd)
+    except KeyboardInterrupt:
+        return 0

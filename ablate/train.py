@@ -1,0 +1,286 @@
+"""One RunSpec -> one Lightning training run, tracked in MLflow.
+
+Optimiser (Appendix E): AdamW with the recipe's betas, eps and weight decay. Weight decay applies to the
+matrices (embedding, projections, LM head: every parameter with 2 or more dimensions); it does not apply
+to vectors: norm weights and diff attention's λ vectors (decaying λ would pull it towards λ_init's
+re-parameterised zero point, which the paper does not ask for).
+Schedule: linear warmup from 0 over `warmup_steps`, then linear decay to `min_lr` at `steps`.
+One optimiser step sees `batch_tokens` tokens (gradient accumulation over micro-batches).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as L
+import torch
+import torch.nn.functional as F
+
+from ablate import tracking
+from ablate.config import TrainConfig
+from ablate.errors import UserError
+from ablate.metrics import ar_hit_mask, sliced_loss_sums
+from ablate.model import DecoderLM, build_model
+from ablate.recipe import RunSpec
+
+
+class Diverged(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of `lr` for optimizer step `step` (0-based): linear warmup, then linear decay."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    floor = cfg.min_lr / cfg.lr
+    remaining = max(0.0, (cfg.steps - step) / max(1, cfg.steps - cfg.warmup_steps))
+    return floor + (1.0 - floor) * remaining
+
+
+class LMModule(L.LightningModule):
+    """Next-token cross-entropy on packed sequences; logs through `sink(metrics, step)`."""
+
+    def __init__(self, model: DecoderLM, cfg: TrainConfig, sink: Callable[[dict[str, float], int], None]):
+        super().__init__()
+        self.model = model
+        self.cfg = cfg
+        self.sink = sink
+        self.history: list[dict[str, float]] = []  # validation results, in order
+        self._step_losses: list[torch.Tensor] = []
+        self._grad_norm = float("nan")
+        self._clock = (time.perf_counter(), 0)
+        self._val: dict[str, float] = {}
+        self.compiled = torch.compile(model) if cfg.compile else model
+
+    # --- training -------------------------------------------------------------------------------
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.compiled(tokens)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        logits = self(batch[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+        if not torch.isfinite(loss):
+            raise Diverged(f"training loss is {loss.item()} at step {self.global_step + 1}")
+        self._step_losses.append(loss.detach())
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        self._grad_norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
+        if not math.isfinite(self._grad_norm):
+            raise Diverged(f"gradient norm is {self._grad_norm} at step {self.global_step + 1}")
+
+    def on_train_batch_end(self, outputs: Any, batch: torch.Tensor, batch_idx: int) -> None:
+        if (batch_idx + 1) % self.trainer.accumulate_grad_batches:
+            return  # mid-accumulation: no optimizer step yet
+        step = self.global_step
+        losses, self._step_losses = self._step_losses, []
+        if step % self.cfg.log_every and step not in (1, self.cfg.steps):
+            return  # step 1 is always logged: its loss is the initial loss (no update has happened yet)
+        loss = float(torch.stack(losses).mean()) if losses else float("nan")
+        now, last_step = time.perf_counter(), self._clock[1]
+        seconds = now - self._clock[0]
+        self._clock = (now, step)
+        metrics = {
+            "train/loss": loss,
+            "lr": self.trainer.optimizers[0].param_groups[0]["lr"],
+            "grad_norm": self._grad_norm,
+            "tokens": step * self.cfg.batch_tokens,
+            "tokens_per_s": (step - last_step) * self.cfg.batch_tokens / seconds if seconds > 0 else float("nan"),
+        }
+        self.sink(metrics, step)
+
+    def configure_optimizers(self):
+        decay = [p for p in self.model.parameters() if p.ndim >= 2]
+        no_decay = [p for p in self.model.parameters() if p.ndim < 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=self.cfg.lr, betas=tuple(self.cfg.betas), eps=self.cfg.eps,
+        )
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _Schedule(self.cfg))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    # --- validation -----------------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self._val = {}
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        logits = self(batch[:, :-1])
+        per_token = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten(), reduction="none")
+        sums = sliced_loss_sums(per_token.view(batch.shape[0], -1), ar_hit_mask(batch))
+        for key, value in sums.items():
+            self._val[key] = self._val.get(key, 0.0) + float(value)
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking or not self._val:
+            return
+        v = self._val
+        total = v["total_count"]
+        metrics = {
+            "val/loss": v["total_sum"] / total,
+            "val/ar_hit": v["ar_hit_sum"] / v["ar_hit_count"] if v["ar_hit_count"] else float("nan"),
+            "val/others": v["others_sum"] / v["others_count"] if v["others_count"] else float("nan"),
+            "val/ar_hit_share": v["ar_hit_count"] / total,
+            "tokens": self.global_step * self.cfg.batch_tokens,
+        }
+        for i, block in enumerate(self.model.blocks):
+            if hasattr(block.attention, "lambda_value"):
+                metrics[f"lambda/layer_{i:02d}"] = float(block.attention.lambda_value())
+        if not math.isfinite(metrics["val/loss"]):
+            raise Diverged(f"validation loss is {metrics['val/loss']} at step {self.global_step}")
+        self.log("val/loss", metrics["val/loss"], logger=False)  # for checkpoint selection
+        self.history.append({"step": self.global_step, **metrics})
+        self.sink(metrics, self.global_step)
+
+
+class _Schedule:
+    """Picklable-free LR multiplier (a class, so the scheduler state holds no function)."""
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+
+    def __call__(self, step: int) -> float:
+        return lr_factor(step, self.cfg)
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    status: str  # finished | failed | already-finished
+    name: str
+    val_loss: float = float("nan")
+    ar_hit: float = float("nan")
+    others: float = float("nan")
+    ar_hit_share: float = float("nan")
+    tokens_per_s: float = float("nan")
+    steps: int = 0
+    seconds: float = 0.0
+    reason: str = ""
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        if self.status == "failed":
+            return f"{self.name}: FAILED ({self.reason}); MLflow run {self.run_id}"
+        return (f"{self.name}: val loss {self.val_loss:.4f}  AR-Hit {self.ar_hit:.4f}  Others {self.others:.4f}  "
+                f"(AR-Hit share {self.ar_hit_share:.1%})  {self.tokens_per_s:,.0f} tokens/s  "
+                f"{self.steps} steps in {self.seconds:.0f} s; MLflow run {self.run_id}"
+                + ("  [already finished]" if self.status == "already-finished" else ""))
+
+
+def shape_tags(run: RunSpec) -> dict[str, str]:
+    """What the report's #heads / d / GN columns and the fits' parameter counts read from MLflow."""
+    from ablate.budget import model_budget
+    from ablate.check import attention_shape
+
+    shape = attention_shape(run)
+    budget = model_budget(run.config["model"], run.config["train"]["seq_len"])
+    return {"ablate.heads": str(shape["heads"]), "ablate.head_width": str(shape["d"]), "ablate.gn": shape["gn"],
+            "ablate.lambda_init": shape["lambda_init"], "ablate.params": str(budget.params),
+            "ablate.non_embedding_params": str(budget.non_embedding_params),
+            "ablate.fwd_flops_per_token": str(budget.fwd_flops_per_token),
+            "ablate.tokens": str(run.train.tokens)}
+
+
+def run_dir(workspace: Path, run: RunSpec) -> Path:
+    return Path(workspace).resolve() / "runs" / tracking.experiment_name(run.recipe, run.scale) / f"{run.name}-{run.key}"
+
+
+def train_run(run: RunSpec, *, workspace: Path, tracking_uri: str | None = None, parent_run_id: str | None = None,
+              progress: bool = True, extra_tags: dict[str, str] | None = None,
+              callbacks: list[L.Callback] | None = None) -> TrainResult:
+    """Train `run` (or resume it from its last checkpoint); returns the final validation metrics.
+
+    Raises `Diverged` after marking the MLflow run FAILED with the reason.
+    """
+    from ablate.data import load_tokens
+
+    cfg = run.train
+    folder = run_dir(workspace, run)
+    client = tracking.client_for(workspace, tracking_uri)
+    state, run_id = tracking.open_run(client, run, workspace, parent_run_id=parent_run_id,
+                                      extra_tags={**shape_tags(run), **(extra_tags or {})})
+    result_file = folder / "result.json"
+    if state == "finished" and result_file.exists():
+        return TrainResult(**{**json.loads(result_file.read_text()), "status": "already-finished", "run_id": run_id})
+    try:
+        tokens = load_tokens(run.config["data"], Path(workspace))
+        if tokens.vocab_size > run.config["model"]["vocab_size"]:
+            raise UserError(
+                f"model.vocab_size: {run.config['model']['vocab_size']} is smaller than the data's vocabulary "
+                f"({tokens.vocab_size}, tokenizer {tokens.tokenizer}); set model.vocab_size >= {tokens.vocab_size}")
+        client.log_batch(run_id, params=[])  # fail fast if the store went away
+        tracking.log_text(client, run_id, json.dumps(tokens.describe(), indent=2), "data.json")
+        result = _fit(run, cfg, tokens, folder, client, run_id, progress, callbacks or [])
+    except Diverged as e:
+        client.set_tag(run_id, tracking.TAG + "failure_reason", str(e))
+        client.set_terminated(run_id, status="FAILED")
+        raise
+    except BaseException:
+        # Killed or crashed: the run stays RUNNING, so the next attempt resumes it (one MLflow run per RunSpec).
+        raise
+    result.run_id = run_id
+    folder.mkdir(parents=True, exist_ok=True)
+    result_file.write_text(json.dumps({k: v for k, v in asdict(result).items() if k not in ("status", "run_id")}))
+    summary = {k: v for k, v in asdict(result).items() if k != "history"}
+    tracking.log_text(client, run_id, json.dumps(summary, indent=2), "final_metrics.json")
+    client.set_terminated(run_id, status="FINISHED")
+    return result
+
+
+def _fit(run: RunSpec, cfg: TrainConfig, tokens: Any, folder: Path, client: Any, run_id: str, progress: bool,
+         callbacks: list[L.Callback]) -> TrainResult:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from torch.utils.data import DataLoader
+
+    from ablate.data import TrainBatches, ValBatches
+
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
+    model = build_model(run.config["model"], seed=run.seed)
+
+    def sink(metrics: dict[str, float], step: int) -> None:
+        tracking.log_metrics(client, run_id, metrics, step)
+
+    module = LMModule(model, cfg, sink)
+    last = folder / "checkpoints" / "last.ckpt"
+    checkpoint = ModelCheckpoint(dirpath=folder / "checkpoints", filename="best", monitor="val/loss", mode="min",
+                                 save_top_k=1, save_last=True, enable_version_counter=False)
+    trainer = L.Trainer(
+        accelerator=cfg.accelerator, devices=cfg.devices, num_nodes=cfg.num_nodes, strategy=cfg.strategy,
+        precision=cfg.precision, max_steps=cfg.steps, accumulate_grad_batches=cfg.accumulate,
+        gradient_clip_val=cfg.grad_clip or None, val_check_interval=cfg.val_every * cfg.accumulate,
+        check_val_every_n_epoch=None, num_sanity_val_steps=0, logger=False, callbacks=[checkpoint, *callbacks],
+        enable_progress_bar=progress, enable_model_summary=False, deterministic=cfg.deterministic or None,
+        default_root_dir=folder, use_distributed_sampler=False,
+    )
+    start_step = _checkpoint_step(last) if last.exists() else 0
+    # The stream of micro-batches depends on (seed, index) only; a resumed run starts where it stopped.
+    train = DataLoader(TrainBatches(tokens.train, seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size,
+                                    seed=run.seed, start=start_step * cfg.accumulate), batch_size=None)
+    val = DataLoader(ValBatches(tokens.val, seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size,
+                                n_batches=cfg.val_batches), batch_size=None)
+    started = time.perf_counter()
+    trainer.fit(module, train, val, ckpt_path=last if last.exists() else None, weights_only=True)
+    if not module.history or module.history[-1]["step"] != trainer.global_step:
+        trainer.validate(module, val, verbose=False)
+    seconds = time.perf_counter() - started
+    final = module.history[-1]
+    trained_steps = trainer.global_step - start_step
+    return TrainResult(
+        run_id=run_id, status="finished", name=run.name, val_loss=final["val/loss"], ar_hit=final["val/ar_hit"],
+        others=final["val/others"], ar_hit_share=final["val/ar_hit_share"],
+        tokens_per_s=trained_steps * cfg.batch_tokens / seconds if seconds > 0 else float("nan"),
+        steps=trainer.global_step, seconds=seconds, history=module.history,
+    )
+
+
+def _checkpoint_step(path: Path) -> int:
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    return int(checkpoint["global_step"])
