@@ -1,0 +1,237 @@
+"""`ablate report`: the paper-style table of a finished sweep, with honest statistics.
+
+Reads the study's trials (Optuna) and their runs (MLflow); never imports a model. Writes into
+`<reports>/<recipe>[-<scale>]/`: `table.md`, `table.csv`, `loss_curves.png` and a `README.md` that
+says how they were made; attaches them to the sweep's MLflow parent run.
+
+Every cell is the mean over seeds with a 95% Student-t interval; the difference to the first row is
+paired by seed (same data order and shared initialisation), with its interval and a star when the
+interval excludes zero. Failed runs are listed with their reason and left out of the statistics.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import math
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ablate import stats, tracking
+from ablate.tables import markdown_table
+
+METRICS = (("valid", "val/loss"), ("ar_hit", "val/ar_hit"), ("others", "val/others"))
+
+
+@dataclass
+class RunRecord:
+    variant: str
+    seed: int
+    size: str
+    state: str  # finished | failed | pruned | running | waiting
+    run_id: str | None
+    values: dict[str, float] = field(default_factory=dict)  # valid, ar_hit, others, ar_hit_share
+    reason: str = ""
+    searched: dict[str, Any] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    curve: list[tuple[float, float]] = field(default_factory=list)  # (tokens, val loss)
+
+
+def collect(ctx: Any, study: Any, with_curves: bool = True) -> list[RunRecord]:
+    """One record per plan: its latest trial, with the MLflow run's final metrics."""
+    from optuna.trial import TrialState
+
+    client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+    latest: dict[str, Any] = {}
+    for trial in study.get_trials(deepcopy=False):
+        latest[trial.user_attrs.get("plan")] = trial  # later trials (retries) win
+    states = {TrialState.COMPLETE: "finished", TrialState.FAIL: "failed", TrialState.PRUNED: "pruned",
+              TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}
+    records = []
+    for trial in latest.values():
+        attrs = trial.user_attrs
+        searched = {k: v for k, v in trial.params.items() if k.startswith("base.")}
+        record = RunRecord(variant=attrs.get("variant", trial.params.get("variant", "?")),
+                           seed=int(attrs.get("seed", trial.params.get("seed", -1))), size=attrs.get("size", ""),
+                           state=states.get(trial.state, str(trial.state)), run_id=attrs.get("mlflow_run_id"),
+                           reason=attrs.get("failure_reason", ""), searched=searched)
+        if record.run_id:
+            run = client.get_run(record.run_id)
+            metrics = run.data.metrics
+            record.values = {name: metrics.get(key, math.nan) for name, key in METRICS}
+            record.values["ar_hit_share"] = metrics.get("val/ar_hit_share", math.nan)
+            record.tags = dict(run.data.tags)
+            if with_curves:
+                tokens = {m.step: m.value for m in client.get_metric_history(record.run_id, "tokens")}
+                record.curve = [(tokens.get(m.step, m.step), m.value)
+                                for m in client.get_metric_history(record.run_id, "val/loss")]
+        if record.state != "finished":  # a failed run's last numbers are not results
+            record.values = {k: math.nan for k in ("valid", "ar_hit", "others", "ar_hit_share")}
+        records.append(record)
+    return records
+
+
+def best_per_variant(records: list[RunRecord]) -> tuple[list[RunRecord], list[str]]:
+    """Search protocol: keep, per variant, the searched point with the lowest mean validation loss."""
+    groups: dict[tuple[str, str], dict[str, list[RunRecord]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        groups[(r.variant, r.size)][repr(sorted(r.searched.items()))].append(r)
+    kept, chosen = [], []
+    for (variant, size), points in groups.items():
+        def score(rs: list[RunRecord]) -> float:
+            values = [r.values.get("valid", math.nan) for r in rs]
+            finite = [v for v in values if math.isfinite(v)]
+            return sum(finite) / len(finite) if finite else math.inf
+
+        best = min(points.values(), key=score)
+        kept.extend(best)
+        if best and best[0].searched:
+            chosen.append(f"{variant}{'@' + size if size else ''}: "
+                          + ", ".join(f"{k[len('base.'):]}={v}" for k, v in best[0].searched.items()))
+    return kept, chosen
+
+
+def edge_warnings(records: list[RunRecord], search: Any) -> list[str]:
+    warnings = []
+    for dim in getattr(search, "dimensions", ()):
+        for r in records:
+            if dim.key in r.searched and dim.at_edge(r.searched[dim.key]):
+                warnings.append(f"{r.variant}: best {dim.key[len('base.'):]} = {r.searched[dim.key]} lies at the edge "
+                                "of the searched range; the optimum may lie outside it")
+    return sorted(set(warnings))
+
+
+def table_rows(ctx: Any, records: list[RunRecord]) -> tuple[list[str], list[list[str]], list[dict[str, Any]]]:
+    """Markdown headers and rows, and CSV rows (numbers, not text)."""
+    order = list(ctx.recipe.variants)
+    by_key: dict[tuple[str, str], list[RunRecord]] = defaultdict(list)
+    for r in records:
+        by_key[(r.size, r.variant)].append(r)
+    sizes = sorted({r.size for r in records}, key=lambda s: (s != "", s))
+    paper = ctx.scale == "paper"
+    headers = (["Model"] + (["size"] if any(sizes) else []) + ["#heads", "d", "GN", "Valid", "AR-Hit", "Others",
+               "AR-Hit share", "Δ Valid vs row 1 (paired)", "seeds"] + (["paper Valid / AR-Hit / Others"] if paper else []))
+    rows, csv_rows = [], []
+    for size in sizes:
+        first = next((v for v in order if (size, v) in by_key), None)
+        for variant in order:
+            group = by_key.get((size, variant))
+            if not group:
+                continue
+            spec = ctx.recipe.variants[variant]
+            tags = next((r.tags for r in group if r.tags), {})
+            finished = [r for r in group if r.state == "finished"]
+            cells = {name: stats.mean_ci([r.values.get(name, math.nan) for r in finished])
+                     for name in ("valid", "ar_hit", "others", "ar_hit_share")}
+            if variant == first:
+                diff_text = "(reference)"
+            else:
+                ref = {r.seed: r.values.get("valid", math.nan) for r in by_key[(size, first)] if r.state == "finished"}
+                mine = {r.seed: r.values.get("valid", math.nan) for r in finished}
+                diff = stats.paired_difference(mine, ref)
+                diff_text = stats.format_diff(diff) + (f" (p={diff.p_value:.3f})" if diff.n >= 2 else "")
+            failed = [r for r in group if r.state in ("failed", "pruned")]
+            seeds_text = f"{len(finished)}/{len(group)}" + "".join(
+                f"; seed {r.seed} {r.state.upper()}: {r.reason or '-'}" for r in failed)
+            row = [spec["label"]] + ([size] if any(sizes) else []) + [
+                tags.get("ablate.heads", "?"), tags.get("ablate.head_width", "?"), tags.get("ablate.gn", "?"),
+                stats.format_ci(cells["valid"]), stats.format_ci(cells["ar_hit"]), stats.format_ci(cells["others"]),
+                f"{cells['ar_hit_share'].mean:.1%}" if math.isfinite(cells["ar_hit_share"].mean) else "n/a",
+                diff_text, seeds_text]
+            if paper:
+                p = spec.get("paper") or {}
+                row.append(" / ".join(f"{p[k]:.3f}" if k in p else "-" for k in ("valid", "ar_hit", "others")))
+            rows.append(row)
+            for r in group:
+                csv_rows.append({"variant": variant, "label": spec["label"], "size": size, "seed": r.seed,
+                                 "state": r.state, "reason": r.reason, **{k: r.values.get(k, math.nan) for k in
+                                 ("valid", "ar_hit", "others", "ar_hit_share")}, "mlflow_run_id": r.run_id or "",
+                                 **r.searched})
+    return headers, rows, csv_rows
+
+
+def plot_loss_curves(records: list[RunRecord], labels: dict[str, str], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    colors: dict[str, Any] = {}
+    for r in sorted(records, key=lambda r: (r.variant, r.seed)):
+        if not r.curve:
+            continue
+        key = r.variant + (f" ({r.size})" if r.size else "")
+        first = key not in colors
+        color = colors.setdefault(key, f"C{len(colors) % 10}")
+        xs, ys = zip(*r.curve)
+        ax.plot(xs, ys, color=color, alpha=0.9 if first else 0.5, lw=1.4,
+                label=labels.get(r.variant, r.variant) + (f" ({r.size})" if r.size else "") if first else None)
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("validation loss (nats/token)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Validation loss; one line per run, one colour per variant")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_report(ctx: Any, study: Any, folder: Path) -> Path:
+    records = collect(ctx, study)
+    chosen: list[str] = []
+    if any(r.searched for r in records):
+        records, chosen = best_per_variant(records)
+    warnings = edge_warnings(records, ctx.search)
+    folder.mkdir(parents=True, exist_ok=True)
+    headers, rows, csv_rows = table_rows(ctx, records)
+    table = markdown_table(headers, rows)
+    title = f"# {ctx.recipe.name} at scale {ctx.scale}"
+    notes = ["Cells: mean over seeds [95% Student-t interval]. Δ: paired by seed against the first row; "
+             "* when the interval excludes 0. AR-Hit: loss on tokens that complete a bigram seen earlier in the "
+             "same sequence; Others: every other token; the share column is AR-Hit's share of tokens."]
+    if any(r.state != "finished" for r in records):
+        notes.append("Failed or pruned runs are counted in the seeds column and left out of the statistics.")
+    if chosen:
+        notes.append("Best over the search per variant: " + "; ".join(chosen) + ".")
+    notes += [f"WARNING: {w}" for w in warnings]
+    (folder / "table.md").write_text(f"{title}\n\n{table}\n\n" + "\n\n".join(notes) + "\n")
+    with open(folder / "table.csv", "w", newline="") as f:
+        fields = list(dict.fromkeys(k for row in csv_rows for k in row))
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(csv_rows)
+    labels = {k: v["label"] for k, v in ctx.recipe.variants.items()}
+    plot_loss_curves(records, labels, folder / "loss_curves.png")
+    command = "ablate " + " ".join(sys.argv[1:]) if sys.argv and "ablate" in sys.argv[0] else "ablate sweep"
+    (folder / "README.md").write_text(
+        f"# How this report was made\n\n- command: `{command}`\n- recipe: `{ctx.recipe.path}` (scale `{ctx.scale}`, "
+        f"seeds {ctx.seeds})\n- study: `{ctx.study_name}` ({len(records)} runs)\n- code version: "
+        f"`{tracking.code_version()}`\n- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}\n"
+        f"- files: `table.md`, `table.csv` (one row per run), `loss_curves.png`\n")
+    _attach(ctx, study, folder)
+    print(f"[report] {folder / 'table.md'}\n\n{table}\n", flush=True)
+    return folder
+
+
+def _attach(ctx: Any, study: Any, folder: Path) -> None:
+    parent = study.user_attrs.get("mlflow_parent_run_id")
+    if not parent:
+        return
+    client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+    tracking.log_files(client, parent, sorted(folder.iterdir()), artifact_path="report")
+    done, total = _counts(study)
+    tracking.log_metrics(client, parent, {"trials_finished": done, "trials": total}, step=0)
+    if done == total:
+        client.set_terminated(parent, status="FINISHED")
+
+
+def _counts(study: Any) -> tuple[int, int]:
+    from ablate.sweep import progress_counts
+
+    done, total, _ = progress_counts(study)
+    return done, total

@@ -1,0 +1,472 @@
+"""`ablate sweep`: one Optuna study per recipe and scale; every trial one training run.
+
+The grid (variants x sizes x seeds, times a search spec's grid points or sampled trials) is enqueued
+once as WAITING trials whose parameters fix the run; workers claim waiting trials one at a time (an
+atomic WAITING -> RUNNING transition in the storage, so N workers run each trial exactly once).
+A trial's value is the run's final validation loss; its user attributes carry variant, seed, run key
+and MLflow run id. MLflow holds one parent run per study and one child run per trial.
+
+Liveness, the same for the journal file and an RDB: a worker writes its host, pid and a heartbeat
+timestamp into the trial it runs. A RUNNING trial whose worker is gone (same host and the pid is dead,
+or no heartbeat for `grace_period` seconds) is failed and re-enqueued with the same parameters; the
+retry resumes the run from its last checkpoint and its MLflow run (same run key), so a run is never
+finished twice. Optuna's own heartbeat exists only for RDB storages, hence this.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ablate import tracking
+from ablate.errors import UserError
+from ablate.recipe import Recipe, RunSpec
+from ablate.search import SearchSpec
+
+HEARTBEAT_SECONDS = 5.0
+
+
+@dataclass
+class SweepContext:
+    recipe: Recipe
+    scale: str
+    seeds: list[int]
+    workspace: Path
+    tracking_uri: str | None = None
+    storage_url: str | None = None
+    search: SearchSpec = field(default_factory=SearchSpec)
+    search_path: str | None = None
+    grace_period: float = 60.0
+    progress: bool = True
+
+    @property
+    def study_name(self) -> str:
+        base = tracking.experiment_name(self.recipe.name, self.scale)
+        return base if self.search.name == "grid" else f"{base}-{self.search.name}"
+
+
+# --- storage and study ----------------------------------------------------------------------------
+def storage_for(url: str | None, workspace: Path):
+    """An Optuna storage: the journal file in the workspace by default, `journal:PATH`, or an RDB URL."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    if url is None or url.startswith("journal:"):
+        path = Path(url[len("journal:"):]) if url else tracking.ensure_workspace(workspace) / "optuna.journal"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+    if "://" not in url:
+        raise UserError(f"--storage: {url!r} is not a URL; use postgresql://user@host/db, sqlite:///file.db "
+                        "or journal:/path/file")
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+    except Exception as e:  # driver missing, server down, bad credentials: all the user's to fix
+        raise UserError(f"--storage: cannot open {url}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+
+
+def open_study(ctx: SweepContext, create: bool = True):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = storage_for(ctx.storage_url, ctx.workspace)
+    if not create:
+        try:
+            return optuna.load_study(study_name=ctx.study_name, storage=storage,
+                                     sampler=ctx.search.make_sampler(), pruner=ctx.search.make_pruner()), storage
+        except KeyError:
+            raise UserError(f"--storage: no study {ctx.study_name!r} there; start it with `ablate sweep` first") from None
+    study = optuna.create_study(study_name=ctx.study_name, storage=storage, load_if_exists=True,
+                                direction="minimize", sampler=ctx.search.make_sampler(),
+                                pruner=ctx.search.make_pruner())
+    return study, storage
+
+
+def trial_plans(ctx: SweepContext) -> list[dict[str, Any]]:
+    """The fixed parameters of every trial the study must run."""
+    runs = ctx.recipe.resolve(ctx.scale, seeds=ctx.seeds)
+    plans = []
+    for run in runs:
+        fixed = {"variant": run.variant, "seed": run.seed}
+        if run.size:
+            fixed["size"] = run.size
+        repeats = ctx.search.trials_per_variant if ctx.search.sampler != "grid" else 1
+        for point in ctx.search.grid_points():
+            for repeat in range(repeats):
+                plan = {**fixed, **point}
+                if repeats > 1:
+                    plan["repeat"] = repeat
+                plans.append(plan)
+    return plans
+
+
+def plan_key(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def trial_plan(trial: Any) -> dict[str, Any]:
+    return json.loads(trial.user_attrs.get("plan", "{}"))
+
+
+def enqueue_missing(study: Any, plans: list[dict[str, Any]]) -> int:
+    """Enqueue the plans that have no trial yet (in any state); returns how many were added."""
+    have = {t.user_attrs.get("plan") for t in study.get_trials(deepcopy=False)}
+    added = 0
+    for plan in plans:
+        key = plan_key(plan)
+        if key not in have:
+            fixed = {k: v for k, v in plan.items() if k != "repeat"}
+            study.enqueue_trial(fixed, user_attrs={"plan": key}, skip_if_exists=False)
+            added += 1
+    return added
+
+
+def run_for_plan(ctx: SweepContext, plan: dict[str, Any], sampled: dict[str, Any]) -> RunSpec:
+    overrides = [(k[len("base."):], v) for k, v in {**plan, **sampled}.items() if k.startswith("base.")]
+    recipe = replace(ctx.recipe, base_overrides=ctx.recipe.base_overrides + overrides)
+    runs = recipe.resolve(ctx.scale, seeds=[plan["seed"]], variants=[plan["variant"]])
+    if "size" in plan:
+        runs = [r for r in runs if r.size == plan["size"]]
+    return runs[0]
+
+
+# --- claiming, liveness, retries ---------------------------------------------------------------------
+def claim_waiting(study: Any, storage: Any):
+    """Atomically take one WAITING trial (WAITING -> RUNNING in the storage), or None."""
+    import optuna
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    for frozen in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        try:
+            # FrozenTrial._trial_id is the storage's id (private but stable across Optuna 3-5).
+            if storage.set_trial_state_values(frozen._trial_id, state=TrialState.RUNNING):
+                return optuna.Trial(study, frozen._trial_id)
+        except UpdateFinishedTrialError:
+            continue
+    return None
+
+
+def is_stale(trial: Any, grace_period: float, now: float | None = None) -> bool:
+    """Is the worker of this RUNNING trial gone?"""
+    attrs = trial.user_attrs
+    host, pid = attrs.get("worker_host"), attrs.get("worker_pid")
+    if host == socket.gethostname() and pid and not _pid_alive(int(pid)):
+        return True
+    beat = attrs.get("heartbeat") or (trial.datetime_start.timestamp() if trial.datetime_start else None)
+    return beat is not None and (now or time.time()) - float(beat) > grace_period
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child (killed, not yet reaped) still answers kill(0): ask /proc where there is one.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def fail_and_requeue(study: Any, storage: Any, frozen: Any, reason: str) -> bool:
+    """Mark a RUNNING trial FAIL and enqueue a retry with the same plan; False if someone else did."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    try:
+        if not storage.set_trial_state_values(frozen._trial_id, state=TrialState.FAIL):
+            return False
+    except UpdateFinishedTrialError:
+        return False
+    storage.set_trial_user_attr(frozen._trial_id, "failure_reason", reason)
+    params = {k: v for k, v in frozen.params.items()}
+    params.update({k: v for k, v in trial_plan(frozen).items() if k != "repeat"})
+    study.enqueue_trial(params, user_attrs={"plan": frozen.user_attrs.get("plan"),
+                                            "retry_of": frozen.number}, skip_if_exists=False)
+    return True
+
+
+def recover_stale(study: Any, storage: Any, grace_period: float) -> int:
+    from optuna.trial import TrialState
+
+    n = 0
+    for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if is_stale(frozen, grace_period) and fail_and_requeue(study, storage, frozen, "worker died"):
+            n += 1
+    return n
+
+
+class Heartbeat:
+    """Writes host, pid and a timestamp into a running trial every few seconds."""
+
+    def __init__(self, trial: Any, interval: float = HEARTBEAT_SECONDS):
+        self.trial, self.interval = trial, interval
+        self._stop = threading.Event()
+        trial.set_user_attr("worker_host", socket.gethostname())
+        trial.set_user_attr("worker_pid", os.getpid())
+        trial.set_user_attr("heartbeat", time.time())
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.trial.set_user_attr("heartbeat", time.time())
+            except Exception:  # the trial finished meanwhile, or the storage hiccuped: next beat retries
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# --- the worker loop -------------------------------------------------------------------------------------
+def parent_run_id(ctx: SweepContext, study: Any) -> str:
+    """The study's MLflow parent run (created once, remembered in the study)."""
+    known = study.user_attrs.get("mlflow_parent_run_id")
+    if known:
+        return known
+    client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+    experiment_id = tracking.get_experiment_id(client, tracking.experiment_name(ctx.recipe.name, ctx.scale),
+                                               ctx.workspace)
+    found = client.search_runs([experiment_id], filter_string=f"tags.`ablate.study` = '{ctx.study_name}'")
+    if found:
+        run_id = found[0].info.run_id
+    else:
+        tags = {"ablate.study": ctx.study_name, "ablate.role": "sweep", "ablate.recipe": ctx.recipe.name,
+                "ablate.scale": ctx.scale, "ablate.code_version": tracking.code_version()}
+        run_id = client.create_run(experiment_id, run_name=f"sweep {ctx.study_name}", tags=tags).info.run_id
+    study.set_user_attr("mlflow_parent_run_id", run_id)
+    return run_id
+
+
+def progress_counts(study: Any) -> tuple[int, int, list[float]]:
+    """(finished plans, all plans, durations of finished trials in seconds)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    plans = {t.user_attrs.get("plan") for t in trials}
+    finished = {t.user_attrs.get("plan") for t in trials
+                if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                or (t.state == TrialState.FAIL and "diverged" in t.user_attrs.get("failure_reason", ""))}
+    durations = [(t.datetime_complete - t.datetime_start).total_seconds() for t in trials
+                 if t.state == TrialState.COMPLETE and t.datetime_complete and t.datetime_start]
+    return len(finished), len(plans), durations
+
+
+def work(ctx: SweepContext, study: Any, storage: Any, workers: int = 1, stop_after: int | None = None) -> int:
+    """Run trials until none is waiting or running elsewhere; returns the number this process trained."""
+    trained = 0
+    parent = parent_run_id(ctx, study)
+    while stop_after is None or trained < stop_after:
+        trial = claim_waiting(study, storage)
+        if trial is None:
+            if recover_stale(study, storage, ctx.grace_period):
+                continue
+            from optuna.trial import TrialState
+
+            if not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                return trained
+            time.sleep(1.0)  # others are still running: one of them may die and need a retry
+            continue
+        run_trial(ctx, study, storage, trial, parent, workers)
+        trained += 1
+    return trained
+
+
+def run_trial(ctx: SweepContext, study: Any, storage: Any, trial: Any, parent: str, workers: int) -> None:
+    import optuna
+
+    from ablate.train import Diverged, train_run
+
+    plan = json.loads(trial.user_attrs.get("plan", "{}"))
+    fixed = trial.suggest_categorical("variant", [plan["variant"]])
+    seed = trial.suggest_categorical("seed", [plan["seed"]])
+    sampled = {d.key: d.suggest(trial) for d in ctx.search.dimensions}
+    run = run_for_plan(ctx, {**plan, "variant": fixed, "seed": seed}, sampled)
+    heartbeat = Heartbeat(trial)
+    try:
+        client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+        _, run_id = tracking.open_run(client, run, ctx.workspace, parent_run_id=parent,
+                                      extra_tags={"ablate.trial": str(trial.number), "ablate.study": ctx.study_name})
+        for key, value in {"variant": run.variant, "seed": run.seed, "size": run.size or "", "run_key": run.key,
+                           "run_name": run.name, "mlflow_run_id": run_id}.items():
+            trial.set_user_attr(key, value)
+        _print_progress(ctx, study, run, workers)
+        callbacks = [PruningCallback(trial)] if ctx.search.pruner.get("name", "none") != "none" else []
+        result = train_run(run, workspace=ctx.workspace, tracking_uri=ctx.tracking_uri, parent_run_id=parent,
+                           progress=ctx.progress, callbacks=callbacks)
+    except Diverged as e:
+        heartbeat.stop()
+        trial.set_user_attr("failure_reason", f"diverged: {e}")
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        print(f"[sweep] {run.name} diverged ({e}); marked failed, going on", flush=True)
+        return
+    except optuna.TrialPruned as e:
+        heartbeat.stop()
+        client.set_tag(run_id, "ablate.pruned", str(e))
+        client.set_terminated(run_id, status="KILLED")
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        return
+    except BaseException as e:  # a user error, Ctrl-C or a bug: hand the trial back for the next attempt
+        heartbeat.stop()
+        fail_and_requeue(study, storage, storage.get_trial(trial._trial_id), f"interrupted: {type(e).__name__}")
+        raise
+    heartbeat.stop()
+    study.tell(trial, result.val_loss)
+    print(f"[sweep] {result.summary()}", flush=True)
+
+
+class PruningCallback:
+    """Reports validation loss to Optuna at optimizer steps (tokens), not epochs; prunes when told."""
+
+    def __new__(cls, trial: Any):
+        import lightning.pytorch as L
+        import optuna
+
+        class _Pruning(L.Callback):
+            def on_validation_end(self, trainer: Any, module: Any) -> None:
+                if trainer.sanity_checking or not module.history:
+                    return
+                step = trainer.global_step
+                trial.report(module.history[-1]["val/loss"], step=step)
+                if trial.should_prune():
+                    raise optuna.TrialPruned(f"pruned at step {step}")
+
+        return _Pruning()
+
+
+def _print_progress(ctx: SweepContext, study: Any, run: RunSpec, workers: int) -> None:
+    done, total, durations = progress_counts(study)
+    eta = ""
+    if durations:
+        remaining = max(0, total - done) * (sum(durations) / len(durations)) / max(1, workers)
+        eta = f", ETA {format_seconds(remaining)}"
+    print(f"[sweep {ctx.study_name}] trial {done + 1}/{total}: {run.name} ({run.label}){eta}", flush=True)
+
+
+def format_seconds(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+# --- local worker processes ----------------------------------------------------------------------------
+def spawn_workers(ctx: SweepContext, n: int, overrides_argv: list[str]) -> list[subprocess.Popen]:
+    """Start `n` `ablate worker` processes on this machine; their output goes to the workspace's logs/."""
+    logs = tracking.ensure_workspace(ctx.workspace) / "logs"
+    logs.mkdir(exist_ok=True)
+    storage = ctx.storage_url or f"journal:{tracking.ensure_workspace(ctx.workspace) / 'optuna.journal'}"
+    procs = []
+    for i in range(n):
+        cmd = [sys.executable, "-m", "ablate.cli", "worker", str(ctx.recipe.path), "--scale", ctx.scale,
+               "--storage", storage, "--workspace", str(ctx.workspace), "--seeds", *map(str, ctx.seeds)]
+        if ctx.tracking_uri:
+            cmd += ["--tracking-uri", ctx.tracking_uri]
+        if ctx.search_path:
+            cmd += ["--search", ctx.search_path]
+        cmd += overrides_argv
+        log = open(logs / f"{ctx.study_name}-worker{i}.log", "ab")  # noqa: SIM115 (closed with the process)
+        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    return procs
+
+
+def wait_for_workers(ctx: SweepContext, study: Any, procs: list[subprocess.Popen]) -> None:
+    last = None
+    try:
+        while any(p.poll() is None for p in procs):
+            done, total, _ = progress_counts(study)
+            if (done, total) != last:
+                print(f"[sweep {ctx.study_name}] {done}/{total} trials finished, {len(procs)} workers", flush=True)
+                last = (done, total)
+            time.sleep(2.0)
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGINT)
+        for p in procs:
+            p.wait()
+        raise
+    bad = [p.returncode for p in procs if p.returncode not in (0, None)]
+    if bad:
+        logs = tracking.ensure_workspace(ctx.workspace) / "logs"
+        raise UserError(f"--workers: {len(bad)} worker(s) exited with {bad}; see {logs}")
+
+
+# --- the whole sweep -----------------------------------------------------------------------------------
+def pending_plans(study: Any, plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Plans without a finished trial (complete, pruned, or failed by divergence)."""
+    from optuna.trial import TrialState
+
+    done = {t.user_attrs.get("plan") for t in study.get_trials(deepcopy=False)
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            or (t.state == TrialState.FAIL and t.user_attrs.get("failure_reason", "").startswith("diverged"))}
+    return [p for p in plans if plan_key(p) not in done]
+
+
+def confirm_plan(ctx: SweepContext, pending: list[dict[str, Any]], yes: bool) -> None:
+    from ablate.estimate import make_plan
+    from ablate.tables import si
+
+    runs = [run_for_plan(ctx, p, {}) for p in pending]
+    plan = make_plan(runs)
+    print(f"[sweep {ctx.study_name}] plan: {plan.trials} trials, {si(plan.tokens)} tokens, "
+          f"{si(plan.train_flops)}FLOP of training; calibrated {si(plan.flops_per_s)}FLOP/s here "
+          f"-> about {format_seconds(plan.seconds)} on one worker", flush=True)
+    if plan.seconds > 3600 and not yes:
+        if not sys.stdin or not sys.stdin.isatty():
+            raise UserError(f"--yes: the sweep is estimated at {format_seconds(plan.seconds)} (over an hour); "
+                            "pass --yes to start it, or a smaller --scale (e.g. tiny)")
+        answer = input(f"Estimated {format_seconds(plan.seconds)}. Start? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            raise UserError("--yes: not confirmed; nothing was started")
+
+
+def run_sweep(ctx: SweepContext, *, workers: int = 1, yes: bool = False, reports: Path | None = None,
+              overrides_argv: list[str] | None = None) -> Path | None:
+    """Plan, enqueue, train (here or in `workers` local processes), then report. Returns the report folder."""
+    from ablate.report import write_report
+
+    study, storage = open_study(ctx)
+    plans = trial_plans(ctx)
+    pending = pending_plans(study, plans)
+    report_dir = None
+    if pending:
+        confirm_plan(ctx, pending, yes)
+        enqueue_missing(study, plans)
+        if workers > 1:
+            procs = spawn_workers(ctx, workers, overrides_argv or [])
+            wait_for_workers(ctx, study, procs)
+        else:
+            work(ctx, study, storage)
+    remaining = pending_plans(study, plans)
+    if remaining:
+        print(f"[sweep {ctx.study_name}] {len(remaining)} trials still running elsewhere; "
+              "the last worker to finish writes the report", flush=True)
+        return None
+    folder = report_folder(ctx, reports)
+    if pending or not (folder / "table.md").exists():
+        report_dir = write_report(ctx, study, folder)
+    else:
+        print(f"[sweep {ctx.study_name}] all {len(plans)} trials were already finished; nothing to do", flush=True)
+        report_dir = folder
+    return report_dir
+
+
+def report_folder(ctx: SweepContext, reports: Path | None) -> Path:
+    name = ctx.recipe.name if ctx.scale == "paper" else f"{ctx.recipe.name}-{ctx.scale}"
+    if ctx.search.name != "grid":
+        name += f"-{ctx.search.name}"
+    return Path(reports or "reports") / name
