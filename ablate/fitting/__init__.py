@@ -1,0 +1,32 @@
+"""Scaling-law and loss-curve fits with bootstrap intervals over runs (paper-notes.md, "Fitting scaling
+curves"). Reads finished numbers only: nothing here imports torch or the models.
+
+Modules: `forms` (the laws and the Huber objective), `optimize` (grid + L-BFGS-B), `points` (inputs, CSV),
+`core` (one arch + bootstrap), `ratios` (equal-loss ratios), `curve` (per-run loss curves), `report`
+(`fit_points`), `output` (fit.json, fit.md, plots).
+"""
+
+from .core import ArchFit, fit_arch
+from .curve import LossCurveFit, fit_loss_curve
+from .forms import FORMS, Form
+from .points import Point, as_points, read_points_csv
+from .ratios import Ratio, equal_loss_ratios
+from .report import FitReport, fit_points, get_form, run_fit_csv
+
+__all__ = [
+    "FORMS",
+    "ArchFit",
+    "FitReport",
+    "Form",
+    "LossCurveFit",
+    "Point",
+    "Ratio",
+    "as_points",
+    "equal_loss_ratios",
+    "fit_arch",
+    "fit_loss_curve",
+    "fit_points",
+    "get_form",
+    "read_points_csv",
+    "run_fit_csv",
+]
