@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import json
 import math
 import sys
 from collections import defaultdict
@@ -54,8 +55,8 @@ def collect(ctx: Any, study: Any, with_curves: bool = True) -> list[RunRecord]:
     for trial in latest.values():
         attrs = trial.user_attrs
         searched = {k: v for k, v in trial.params.items() if k.startswith("base.")}
-        record = RunRecord(variant=attrs.get("variant", trial.params.get("variant", "?")),
-                           seed=int(attrs.get("seed", trial.params.get("seed", -1))), size=attrs.get("size", ""),
+        plan = json.loads(attrs.get("plan") or "{}")
+        record = RunRecord(variant=plan.get("variant", "?"), seed=int(plan.get("seed", -1)), size=plan.get("size", ""),
                            state=states.get(trial.state, str(trial.state)), run_id=attrs.get("mlflow_run_id"),
                            reason=attrs.get("failure_reason", ""), searched=searched)
         if record.run_id:
@@ -154,12 +155,12 @@ def table_rows(ctx: Any, records: list[RunRecord]) -> tuple[list[str], list[list
 
 
 def plot_loss_curves(records: list[RunRecord], labels: dict[str, str], path: Path) -> Path:
-    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    fig = Figure(figsize=(7, 4.5), dpi=120)  # no pyplot: no global state, safe in workers
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     colors: dict[str, Any] = {}
     for r in sorted(records, key=lambda r: (r.variant, r.seed)):
         if not r.curve:
@@ -177,7 +178,6 @@ def plot_loss_curves(records: list[RunRecord], labels: dict[str, str], path: Pat
     ax.set_title("Validation loss; one line per run, one colour per variant")
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
     return path
 
 

@@ -123,8 +123,10 @@ def enqueue_missing(study: Any, plans: list[dict[str, Any]]) -> int:
     for plan in plans:
         key = plan_key(plan)
         if key not in have:
-            fixed = {k: v for k, v in plan.items() if k != "repeat"}
-            study.enqueue_trial(fixed, user_attrs={"plan": key}, skip_if_exists=False)
+            # Only searched keys are Optuna parameters (their spaces are the same in every trial);
+            # variant, seed and size are the trial's plan, a user attribute.
+            searched = {k: v for k, v in plan.items() if k.startswith("base.")}
+            study.enqueue_trial(searched, user_attrs={"plan": key}, skip_if_exists=False)
             added += 1
     return added
 
@@ -190,9 +192,7 @@ def fail_and_requeue(study: Any, storage: Any, frozen: Any, reason: str) -> bool
     except UpdateFinishedTrialError:
         return False
     storage.set_trial_user_attr(frozen._trial_id, "failure_reason", reason)
-    params = {k: v for k, v in frozen.params.items()}
-    params.update({k: v for k, v in trial_plan(frozen).items() if k != "repeat"})
-    study.enqueue_trial(params, user_attrs={"plan": frozen.user_attrs.get("plan"),
+    study.enqueue_trial(dict(frozen.params), user_attrs={"plan": frozen.user_attrs.get("plan"),
                                             "retry_of": frozen.number}, skip_if_exists=False)
     return True
 
@@ -291,10 +291,8 @@ def run_trial(ctx: SweepContext, study: Any, storage: Any, trial: Any, parent: s
     from ablate.train import Diverged, train_run
 
     plan = json.loads(trial.user_attrs.get("plan", "{}"))
-    fixed = trial.suggest_categorical("variant", [plan["variant"]])
-    seed = trial.suggest_categorical("seed", [plan["seed"]])
-    sampled = {d.key: d.suggest(trial) for d in ctx.search.dimensions}
-    run = run_for_plan(ctx, {**plan, "variant": fixed, "seed": seed}, sampled)
+    sampled = {d.key: d.suggest(trial) for d in ctx.search.dimensions}  # enqueued grid points come back fixed
+    run = run_for_plan(ctx, plan, sampled)
     heartbeat = Heartbeat(trial)
     try:
         client = tracking.client_for(ctx.workspace, ctx.tracking_uri)

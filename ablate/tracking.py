@@ -54,8 +54,9 @@ def client_for(workspace: Path, tracking_uri: str | None):
 
     import mlflow
 
-    # Alembic's migration chatter on first use of a SQLite store says nothing a user needs.
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    # The migration chatter on first use of a SQLite store says nothing a user needs.
+    for name in ("alembic", "mlflow.store.db.utils"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     return mlflow.MlflowClient(tracking_uri=tracking_uri_for(workspace, tracking_uri))
 
 
@@ -130,6 +131,8 @@ def open_run(client, run, workspace: Path, *, parent_run_id: str | None = None, 
             return "finished", existing.info.run_id
         if status in ("RUNNING", "SCHEDULED") and not fresh:
             client.update_run(existing.info.run_id, status="RUNNING")
+            for key, value in (extra_tags or {}).items():
+                client.set_tag(existing.info.run_id, key, value)
             return "resumed", existing.info.run_id
     tags = run_tags(run, code_version(), extra_tags)
     if parent_run_id:

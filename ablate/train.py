@@ -30,6 +30,21 @@ from ablate.model import DecoderLM, build_model
 from ablate.recipe import RunSpec
 
 
+def quiet_lightning() -> None:
+    """Keep Lightning's start-up banner (GPU/TPU lines, tips) and known-harmless warnings off the terminal."""
+    import logging
+    import warnings
+
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda",
+                 "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*litlogger.*")
+    warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")  # resuming
+    warnings.filterwarnings("ignore", message=".*noload.*loader strategy is deprecated.*")  # MLflow's SQLAlchemy use
+
+
 class Diverged(RuntimeError):
     """The training loss became NaN or infinite."""
 
@@ -103,7 +118,10 @@ class LMModule(L.LightningModule):
             [{"params": decay, "weight_decay": self.cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=self.cfg.lr, betas=tuple(self.cfg.betas), eps=self.cfg.eps,
         )
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _Schedule(self.cfg))
+        cfg = self.cfg
+        # A plain function, not a callable object: LambdaLR then keeps it out of the checkpoint, which
+        # stays loadable with weights_only=True; the schedule is rebuilt from the recipe on resume.
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     # --- validation -----------------------------------------------------------------------------
@@ -137,16 +155,6 @@ class LMModule(L.LightningModule):
         self.log("val/loss", metrics["val/loss"], logger=False)  # for checkpoint selection
         self.history.append({"step": self.global_step, **metrics})
         self.sink(metrics, self.global_step)
-
-
-class _Schedule:
-    """Picklable-free LR multiplier (a class, so the scheduler state holds no function)."""
-
-    def __init__(self, cfg: TrainConfig):
-        self.cfg = cfg
-
-    def __call__(self, step: int) -> float:
-        return lr_factor(step, self.cfg)
 
 
 @dataclass
@@ -241,6 +249,7 @@ def _fit(run: RunSpec, cfg: TrainConfig, tokens: Any, folder: Path, client: Any,
 
     from ablate.data import TrainBatches, ValBatches
 
+    quiet_lightning()
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
     model = build_model(run.config["model"], seed=run.seed)
