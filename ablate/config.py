@@ -4,16 +4,38 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from ablate.errors import UserError
 from ablate.registry import closest
 
 COMPONENT_KEYS = ("attention", "norm", "ffn", "position")
+# Keys whose value may be a bare name standing for {name: ...}: components and the like.
+NAMED_SPEC_KEYS = (*COMPONENT_KEYS, "lambda_init", "tokenizer")
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe loading, with floats as YAML 1.2 and every researcher reads them: 1e-3 is 0.001, not a string."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d[\d_]*)?(?:\.\d*)?[eE][-+]?\d+$|^[-+]?\d[\d_]*\.\d*$|^[-+]?\.\d+$"
+               r"|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> object:
+    """`yaml.safe_load`, reading 1e-3 as a float. Never constructs arbitrary objects."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (_Loader is a SafeLoader)
 
 
 def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
@@ -23,6 +45,8 @@ def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str,
     merged = copy.deepcopy(dict(base))
     for key, value in overlay.items():
         old = merged.get(key)
+        if isinstance(old, str) and isinstance(value, Mapping) and not {"name", "class_path"} & set(value):
+            old = {"name": old}  # `ffn: swiglu` in base + `ffn: {hidden_mult: 4}` in a variant: merge options
         if isinstance(old, Mapping) and isinstance(value, Mapping) and not _names_differ(old, value):
             merged[key] = deep_merge(old, value)
         else:
@@ -43,7 +67,7 @@ def set_dotted(tree: dict[str, Any], path: str, value: Any, *, key: str) -> None
     node: Any = tree
     for depth, part in enumerate(parts[:-1]):
         child = node.get(part) if isinstance(node, dict) else None
-        if isinstance(child, str) and parts[0] != "base":  # `attention: diff` -> `{name: diff}` to set an option
+        if isinstance(child, str) and part in NAMED_SPEC_KEYS:  # `attention: diff` -> `{name: diff}` to set an option
             child = node[part] = {"name": child}
         if not isinstance(child, dict):
             where = ".".join(parts[: depth + 1])

@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from ablate import registry
-from ablate.config import COMPONENT_KEYS, TrainConfig, deep_merge, from_mapping, set_dotted
+from ablate.config import COMPONENT_KEYS, TrainConfig, deep_merge, from_mapping, load_yaml, set_dotted
 from ablate.errors import UserError
 from ablate.model import ModelConfig
 
@@ -140,7 +140,11 @@ class Recipe:
                 config = deep_merge(deep_merge(base, size_overlay or {}), overlay)
                 for path, value in self.base_overrides:
                     set_dotted(config, path, value, key=f"base.{path}")
-                config = _complete(config, where=f"variants.{key}" + (f" (size {size})" if size else ""))
+                where = f"variants.{key}" + (f", size {size}" if size else "")
+                try:
+                    config = _complete(config, where=where)
+                except UserError as e:
+                    raise UserError(f"{e} (in {where})") from None
                 for seed in seeds:
                     runs.append(RunSpec(self.name, key, variant["label"], scale, int(seed), size, config,
                                         variant.get("paper")))
@@ -174,7 +178,7 @@ def load_recipe(path: str | Path, overrides: Iterable[tuple[str, Any]] = ()) -> 
             if path.parent.is_dir() else ""
         raise UserError(f"recipe: {str(path)!r} is not a file{hint}")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml(path.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -221,6 +225,14 @@ def _check_raw(raw: dict[str, Any], path: Path) -> None:
             if vkey not in VARIANT_KEYS:
                 raise UserError(f"variants.{key}.{vkey}: unknown key{registry.closest(vkey, VARIANT_KEYS)}; "
                                 f"keys: {', '.join(VARIANT_KEYS)}")
+    imports = raw.get("imports") or []
+    if not isinstance(imports, list) or not all(isinstance(m, str) for m in imports):
+        raise UserError(f"imports: expected a list of module names, got {imports!r}")
+    scales = sorted(set(raw.get("scales") or {}) | {"paper"})
+    if raw.get("default_scale", "paper") not in scales:
+        bad = raw["default_scale"]
+        raise UserError(f"default_scale: {bad!r} is not a scale of this recipe{registry.closest(str(bad), scales)}; "
+                        f"scales: {', '.join(scales)}")
     seeds = raw.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
                                                            and s >= 0 for s in seeds):
@@ -262,7 +274,7 @@ def parse_overrides(pairs: Iterable[str]) -> list[tuple[str, Any]]:
         if not key or not all(IDENTIFIER.match(p) or p.isdigit() for p in key.split(".")):
             raise UserError(f"--{key}: not a dotted recipe key (like base.train.lr)")
         try:
-            value = yaml.safe_load(text)
+            value = load_yaml(text)
         except yaml.YAMLError:
             value = text
         result.append((key, value))

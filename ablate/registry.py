@@ -40,8 +40,8 @@ class Entry:
 
     @property
     def description(self) -> str:
-        doc = inspect.getdoc(self.cls) or ""
-        return doc.strip().splitlines()[0] if doc.strip() else ""
+        doc = inspect.cleandoc(self.cls.__dict__.get("__doc__") or "")  # its own, not nn.Module's
+        return doc.splitlines()[0] if doc else ""
 
     @property
     def class_path(self) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from ablate.config import load_yaml
 from ablate.errors import UserError
 from ablate.registry import closest
 
@@ -98,7 +99,7 @@ def load_search_spec(path: str | Path) -> SearchSpec:
     if not path.is_file():
         raise UserError(f"--search: {str(path)!r} is not a file (search specs live in sweeps/)")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise UserError(f"--search: {path}: invalid YAML: {getattr(e, 'problem', e)}") from None
     if not isinstance(raw, dict):
