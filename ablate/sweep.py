@@ -187,11 +187,13 @@ def fail_and_requeue(study: Any, storage: Any, frozen: Any, reason: str) -> bool
     from optuna.trial import TrialState
 
     try:
+        # The reason first: a finished trial takes no more attributes. The state change is the atomic
+        # step: of several workers that see the same stale trial, one wins and re-enqueues it.
+        storage.set_trial_user_attr(frozen._trial_id, "failure_reason", reason)
         if not storage.set_trial_state_values(frozen._trial_id, state=TrialState.FAIL):
             return False
     except UpdateFinishedTrialError:
         return False
-    storage.set_trial_user_attr(frozen._trial_id, "failure_reason", reason)
     study.enqueue_trial(dict(frozen.params), user_attrs={"plan": frozen.user_attrs.get("plan"),
                                             "retry_of": frozen.number}, skip_if_exists=False)
     return True
@@ -444,6 +446,7 @@ def run_sweep(ctx: SweepContext, *, workers: int = 1, yes: bool = False, reports
     if pending:
         confirm_plan(ctx, pending, yes)
         enqueue_missing(study, plans)
+        parent_run_id(ctx, study)  # creates the MLflow store here, before workers would race to create it
         if workers > 1:
             procs = spawn_workers(ctx, workers, overrides_argv or [])
             wait_for_workers(ctx, study, procs)

@@ -37,9 +37,8 @@ def ensure_workspace(workspace: Path) -> Path:
     workspace = Path(workspace).resolve()
     try:
         workspace.mkdir(parents=True, exist_ok=True)
-        probe = workspace / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
+        with tempfile.NamedTemporaryFile(dir=workspace, prefix=".write-test-"):  # unique: workers probe at once
+            pass
     except OSError as e:
         raise UserError(f"--workspace: cannot write to {workspace}: {e.strerror or e}") from None
     return workspace

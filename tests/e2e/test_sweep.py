@@ -1,0 +1,176 @@
+"""Sweeps end to end: real Optuna journal storage, real MLflow store, real processes and real kills."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import mlflow
+import optuna
+import pytest
+from conftest import run_cli, write_recipe
+from optuna.trial import TrialState
+
+from ablate import tracking
+from ablate.cli import main
+from ablate.report import RunRecord, table_rows
+
+
+def _study(workspace: Path, name: str = "mini"):
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(workspace / "optuna.journal")))
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def _mlflow_runs(workspace: Path, experiment: str = "mini"):
+    client = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(workspace, None))
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("ablate.role") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("ablate.role") != "sweep"]
+    return parents, children
+
+
+def _plans_by_state(study) -> dict[str, collections.Counter]:
+    states: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for t in study.get_trials():
+        states[t.user_attrs["plan"]][t.state] += 1
+    return states
+
+
+def _sweep_args(recipe: Path, tmp_path: Path, *extra: str) -> list[str]:
+    return ["sweep", str(recipe), "--yes", "--workspace", str(tmp_path / "ws"), "--reports", str(tmp_path / "rep"),
+            *extra]
+
+
+def test_sweep_trains_every_variant_reports_and_rerun_changes_nothing(tmp_path, capsys):
+    recipe = write_recipe(tmp_path, seeds=[0, 1])
+    assert main(_sweep_args(recipe, tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "trial 1/4" in out and "report:" in out and "ablate ui" in out
+    report = tmp_path / "rep" / "mini"
+    for name in ("table.md", "table.csv", "loss_curves.png", "README.md"):
+        assert (report / name).stat().st_size > 0, name
+    assert (report / "loss_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (report / "table.md").read_text()
+    assert "Diff Transformer" in table and "[" in table  # two seeds: intervals are shown
+    parents, children = _mlflow_runs(tmp_path / "ws")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED" and len(children) == 4
+    assert all(c.info.status == "FINISHED" for c in children)
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    study = _study(tmp_path / "ws")
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE] * 4
+    assert {t.user_attrs["mlflow_run_id"] for t in study.get_trials()} == {c.info.run_id for c in children}
+
+    before = (report / "table.md").stat().st_mtime_ns
+    started = time.perf_counter()
+    assert main(_sweep_args(recipe, tmp_path)) == 0
+    assert time.perf_counter() - started < 15
+    assert "nothing to do" in capsys.readouterr().out
+    assert (report / "table.md").stat().st_mtime_ns == before
+    assert len(_study(tmp_path / "ws").get_trials()) == 4
+    assert len(_mlflow_runs(tmp_path / "ws")[1]) == 4
+
+
+def test_diverging_run_is_marked_failed_and_the_sweep_completes(tmp_path, capsys):
+    recipe = write_recipe(tmp_path, variants__unstable={"label": "Unstable", "train": {"lr": 1.0e30, "warmup_steps": 1}})
+    assert main(_sweep_args(recipe, tmp_path)) == 0
+    study = _study(tmp_path / "ws")
+    by_variant = {t.user_attrs["variant"]: t for t in study.get_trials()}
+    assert by_variant["transformer"].state == by_variant["diff"].state == TrialState.COMPLETE
+    failed = by_variant["unstable"]
+    assert failed.state == TrialState.FAIL and "diverged" in failed.user_attrs["failure_reason"]
+    client = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(tmp_path / "ws", None))
+    run = client.get_run(failed.user_attrs["mlflow_run_id"])
+    assert run.info.status == "FAILED" and "nan" in run.data.tags["ablate.failure_reason"].lower()
+    table = (tmp_path / "rep" / "mini" / "table.md").read_text()
+    assert "FAILED" in table and "Unstable" in table
+
+
+def test_plan_over_an_hour_needs_yes(tmp_path, capsys):
+    recipe = write_recipe(tmp_path, base__train__steps=10_000_000)
+    code = main(["sweep", str(recipe), "--workspace", str(tmp_path / "ws"), "--reports", str(tmp_path / "rep")])
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert code == 2 and "--yes" in err and len(err.splitlines()) == 1
+    assert "plan:" in captured.out  # the estimate was shown
+    assert not _study(tmp_path / "ws").get_trials()  # nothing was started
+
+
+def test_two_local_workers_run_every_trial_exactly_once(tmp_path):
+    recipe = write_recipe(tmp_path, seeds=[0, 1, 2])
+    proc = run_cli(*_sweep_args(recipe, tmp_path, "--workers", "2"), cwd=tmp_path, check=True)
+    assert "report:" in proc.stdout
+    study = _study(tmp_path / "ws")
+    states = _plans_by_state(study)
+    assert len(states) == 6 and all(c == collections.Counter({TrialState.COMPLETE: 1}) for c in states.values())
+    _, children = _mlflow_runs(tmp_path / "ws")
+    keys = [c.data.tags["ablate.run_key"] for c in children]
+    assert len(children) == 6 and len(set(keys)) == 6 and all(c.info.status == "FINISHED" for c in children)
+    assert len({t.user_attrs["worker_pid"] for t in study.get_trials()}) >= 1
+
+
+def test_sweep_killed_mid_trial_then_rerun_finishes_each_trial_once(tmp_path):
+    recipe = write_recipe(tmp_path, base__train__steps=200, base__train__val_every=2)
+    args = [sys.executable, "-m", "ablate.cli", *_sweep_args(recipe, tmp_path)]
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    runs = tmp_path / "ws" / "runs"
+    deadline = time.time() + 240
+    while time.time() < deadline and not list(runs.glob("*/diff-*/checkpoints/last.ckpt")):
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # in the middle of the second trial, after a checkpoint
+    proc.wait()
+    study = _study(tmp_path / "ws")
+    assert [t.state for t in study.get_trials()].count(TrialState.RUNNING) == 1
+
+    run_cli(*_sweep_args(recipe, tmp_path), cwd=tmp_path, check=True)
+    study = _study(tmp_path / "ws")
+    for plan, counts in _plans_by_state(study).items():
+        assert counts[TrialState.COMPLETE] == 1, (plan, counts)
+        assert counts[TrialState.RUNNING] == counts[TrialState.WAITING] == 0
+    retried = [t for t in study.get_trials() if t.state == TrialState.FAIL]
+    assert len(retried) == 1 and retried[0].user_attrs["failure_reason"] == "worker died"
+    _, children = _mlflow_runs(tmp_path / "ws")
+    assert len(children) == 2 and all(c.info.status == "FINISHED" for c in children)  # resumed, not duplicated
+
+
+def _record(variant: str, seed: int, valid: float, state: str = "finished") -> RunRecord:
+    values = {"valid": valid, "ar_hit": valid - 1, "others": valid + 1, "ar_hit_share": 0.25}
+    return RunRecord(variant=variant, seed=seed, size="", state=state, run_id=None, values=values)
+
+
+def test_report_statistics_on_known_numbers():
+    recipe = SimpleNamespace(variants={"a": {"label": "A"}, "b": {"label": "B"}, "c": {"label": "C"}})
+    ctx = SimpleNamespace(recipe=recipe, scale="tiny")
+    # b - a per seed: -0.10, -0.12, -0.11 -> mean -0.110, sd 0.010, t(0.975, 2) = 4.3027 -> half 0.0248
+    # c - a per seed: +0.05, -0.05, 0.00 -> mean 0, not significant
+    records = [_record("a", s, v) for s, v in enumerate([3.00, 3.10, 3.20])]
+    records += [_record("b", s, v) for s, v in enumerate([2.90, 2.98, 3.09])]
+    records += [_record("c", s, v) for s, v in enumerate([3.05, 3.05, 3.20])]
+    records += [_record("c", 3, float("nan"), state="failed")]
+    headers, rows, csv_rows = table_rows(ctx, records)
+    by_label = {row[0]: dict(zip(headers, row)) for row in rows}
+    assert by_label["A"]["Valid"] == "3.100 [2.852, 3.348]"  # mean 3.1, sd 0.1, half 4.3027 * 0.1 / sqrt 3
+    diff_b = by_label["B"]["Δ Valid vs row 1 (paired)"]
+    assert diff_b.startswith("\u22120.110 [\u22120.135, \u22120.085] *")
+    diff_c = by_label["C"]["Δ Valid vs row 1 (paired)"]
+    assert diff_c.startswith("0.000 [") and "*" not in diff_c
+    assert by_label["C"]["seeds"].startswith("3/4; seed 3 FAILED")
+    assert len(csv_rows) == 10
+
+
+@pytest.mark.parametrize("bad", [["--workers", "0"], ["--scale", "huge"], ["--search", "nowhere.yaml"]])
+def test_sweep_bad_arguments_are_one_line_exit_2(tmp_path, capsys, bad):
+    recipe = write_recipe(tmp_path)
+    code = main(["sweep", str(recipe), "--yes", "--workspace", str(tmp_path / "ws"), *bad])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
