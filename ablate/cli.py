@@ -94,6 +94,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reports", default="reports", help="folder for reports (default ./reports)")
     p.set_defaults(func=cmd_report, takes_overrides=True)
 
+    p = verbs.add_parser("fit", help="fit scaling laws to a sweep's finished runs (or to a CSV of points)")
+    p.add_argument("recipe", nargs="?", default=None, help="recipe of the sweep (or give --csv)")
+    p.add_argument("--scale", default=None, help="scale preset the sweep ran at")
+    _store_args(p)
+    p.add_argument("--storage", default=None, help="Optuna storage of the sweep (default: the workspace journal)")
+    p.add_argument("--csv", default=None, help="fit points from a CSV: columns params, tokens, loss[, arch, run_id]")
+    p.add_argument("--form", choices=["size", "tokens", "joint"], default=None,
+                   help="law to fit (default: size, or joint when the grid varies both)")
+    p.add_argument("--out", default=None, help="output folder (default reports/<recipe>[-<scale>])")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples over runs (default 1000)")
+    p.add_argument("--params-count", choices=["non_embedding", "total"], default="non_embedding",
+                   help="which parameter count N is (default non_embedding, Kaplan et al.)")
+    p.set_defaults(func=cmd_fit, takes_overrides=True)
+
+    p = verbs.add_parser("bench", help="training/forward throughput, memory and MFU per variant and sequence length")
+    p.add_argument("recipe", nargs="?", default="recipes/table6.yaml")
+    p.add_argument("--scale", default="small")
+    p.add_argument("--variants", nargs="+", default=["transformer", "diff"])
+    p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is reported (default 3)")
+    p.add_argument("--out", default="reports/bench")
+    p.set_defaults(func=cmd_bench, takes_overrides=False)
+
     p = verbs.add_parser("prepare", help="tokenize a corpus into shards")
     _recipe_args(p, overrides=False)
     _store_args(p)
@@ -238,6 +261,38 @@ def cmd_report(args: argparse.Namespace, overrides: list) -> int:
     ctx = _sweep_context(args, overrides)
     study, _ = open_study(ctx, create=False)
     write_report(ctx, study, report_folder(ctx, Path(args.reports)))
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace, overrides: list) -> int:
+    if args.csv:
+        from ablate.fit import run_fit_csv
+
+        if args.recipe:
+            raise UserError("ablate fit: give a recipe or --csv FILE, not both")
+        if args.bootstrap < 1:
+            raise UserError(f"--bootstrap: expected a positive number, got {args.bootstrap}")
+        written = run_fit_csv(args.csv, args.form or "size", args.out or "reports/fit", n_boot=args.bootstrap)
+    else:
+        from ablate.fit_runs import run_fit_recipe
+
+        if not args.recipe:
+            raise UserError("ablate fit: give a recipe (e.g. recipes/scaling-size.yaml) or --csv FILE")
+        recipe = _load(args, overrides)
+        written = run_fit_recipe(recipe, scale=args.scale or recipe.default_scale, workspace=Path(args.workspace),
+                                 tracking_uri=args.tracking_uri, storage_url=args.storage, form=args.form,
+                                 out=Path(args.out) if args.out else None, n_boot=args.bootstrap,
+                                 params_count=args.params_count)
+    for path in written:
+        print(path)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, overrides: list) -> int:
+    from ablate.bench import run_bench
+
+    run_bench(args.recipe, scale=args.scale, variants=args.variants, seq_lens=args.seq_lens, rounds=args.rounds,
+              out=args.out)
     return 0
 
 

@@ -174,3 +174,37 @@ def test_sweep_bad_arguments_are_one_line_exit_2(tmp_path, capsys, bad):
     code = main(["sweep", str(recipe), "--yes", "--workspace", str(tmp_path / "ws"), *bad])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_grid_search_keeps_best_lr_per_variant_and_warns_at_the_edge(tmp_path, capsys):
+    recipe = write_recipe(tmp_path)
+    spec = tmp_path / "lr.yaml"
+    spec.write_text("name: lr\nsampler: grid\nspace:\n  base.train.lr: {values: [1.0e-4, 3.0e-4, 3.0e-3]}\n")
+    assert main(_sweep_args(recipe, tmp_path, "--search", str(spec))) == 0
+    study = _study(tmp_path / "ws", "mini-lr")
+    trials = study.get_trials()
+    assert len(trials) == 6 and all(t.state == TrialState.COMPLETE for t in trials)
+    assert sorted({t.params["base.train.lr"] for t in trials}) == [1.0e-4, 3.0e-4, 3.0e-3]
+    client = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(tmp_path / "ws", None))
+    for t in trials:  # each trial trained with its own learning rate
+        assert float(client.get_run(t.user_attrs["mlflow_run_id"]).data.params["train.lr"]) == t.params["base.train.lr"]
+    best = {}
+    for t in trials:
+        v = t.user_attrs["variant"]
+        if v not in best or t.value < best[v].value:
+            best[v] = t
+    table = (tmp_path / "rep" / "mini-lr" / "table.md").read_text()
+    for v, t in best.items():
+        assert f"{v}: train.lr={t.params['base.train.lr']}" in table
+        if t.params["base.train.lr"] in (1.0e-4, 3.0e-3):
+            assert "lies at the edge" in table
+    assert table.count("| Transformer") == 1  # one row per variant: its best point
+
+
+def test_search_spec_errors_are_one_line_exit_2(tmp_path, capsys):
+    recipe = write_recipe(tmp_path)
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("sampler: grid\nspace:\n  train.lr: {values: [1.0e-3]}\n")
+    code = main(["sweep", str(recipe), "--yes", "--workspace", str(tmp_path / "ws"), "--search", str(spec)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "space.train.lr" in err and "base." in err and len(err.splitlines()) == 1
