@@ -189,7 +189,7 @@ def serve_ui(workspace: Path, tracking_uri: str | None, host: str = "127.0.0.1",
     artifacts = (ensure_workspace(workspace) / "artifacts").as_uri()
     print(f"MLflow UI on http://{host}:{port}  (store {uri}; Ctrl-C stops it)", flush=True)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
-           "--default-artifact-root", artifacts, "--host", host, "--port", str(port)]
+           "--default-artifact-root", artifacts, "--host", host, "--port", str(port), "--workers", "1"]
     try:
         return subprocess.call(cmd)
     except KeyboardInterrupt:
