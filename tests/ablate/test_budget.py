@@ -16,16 +16,6 @@ TABLE6 = Path(__file__).resolve().parents[2] / "recipes" / "table6.yaml"
 SEQ = 64
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors gain nothing from intra-op threads; on a loaded 2-core machine OpenMP's spinning
-    made forwards ~30x slower. Restore the setting afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _tiny(scale: str = "tiny") -> dict[str, dict]:
     return {run.variant: run.config["model"] for run in load_recipe(TABLE6).resolve(scale)}
 

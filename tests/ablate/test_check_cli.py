@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import assert_one_line_error, run_cli
 from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.budget import model_budget
@@ -24,34 +25,10 @@ COLUMNS = ["variant", "label", "#heads", "d", "GN", "λ_init", "params", "FLOPs/
 SI = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors gain nothing from intra-op threads; on a loaded 2-core machine OpenMP's spinning
-    made forwards ~30x slower. Restore the setting afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture
 def plugin_path(monkeypatch):
     """Make `plugin_example` (this folder) importable, as an installed plugin package would be."""
     monkeypatch.syspath_prepend(str(HERE))
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
-    assert code == 2, err
-    assert "Traceback" not in err
-    assert len(err.strip().splitlines()) == 1, err
-    for fragment in fragments:
-        assert fragment in err, err
 
 
 def check_rows(out: str) -> dict[str, dict[str, str]]:

@@ -18,16 +18,6 @@ TABLE6 = Path(__file__).resolve().parents[2] / "recipes" / "table6.yaml"
 LAMBDAS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors gain nothing from intra-op threads; on a loaded 2-core machine OpenMP's spinning
-    made forwards ~30x slower. Restore the setting afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tiny_configs() -> dict[str, dict]:
     """Table 6's seven model configs at the tiny scale (d_model 128, 4 layers, d = 16, vocab 2048)."""

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import assert_one_line_error, run_cli
 
-from ablate.cli import main
 from ablate.config import deep_merge, set_dotted
 from ablate.errors import UserError
 from ablate.recipe import load_recipe, parse_overrides
@@ -52,21 +52,6 @@ def write(tmp_path: Path, raw: dict | str, name: str = "recipe.yaml") -> Path:
     path = tmp_path / name
     path.write_text(raw if isinstance(raw, str) else yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
     return path
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
-    assert code == 2, err
-    assert "Traceback" not in err
-    assert len(err.strip().splitlines()) == 1, err
-    assert err.startswith("ablate: error: ")
-    for fragment in fragments:
-        assert fragment in err, err
 
 
 def printed_runs(out: str) -> dict[str, dict]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import assert_one_line_error, run_cli
 from torch import nn
 
 from ablate import registry
-from ablate.cli import main
 from ablate.errors import UserError
 from components.attention.diff import DiffAttention
 from components.attention.softmax import SoftmaxAttention
@@ -23,20 +23,6 @@ def scratch_registry(monkeypatch):
     registry.load_plugins()
     monkeypatch.setattr(registry, "_REGISTRY", {kind: dict(names) for kind, names in registry._REGISTRY.items()})
     return registry._REGISTRY
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
-    assert code == 2, err
-    assert "Traceback" not in err
-    assert len(err.strip().splitlines()) == 1, err
-    for fragment in fragments:
-        assert fragment in err, err
 
 
 def table_rows(text: str) -> list[list[str]]:
