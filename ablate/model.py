@@ -33,7 +33,6 @@ from torch import nn
 from ablate import registry
 from ablate.errors import UserError
 
-
 REQUIRED_MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "head_dim")
 
 

@@ -68,7 +68,7 @@ def storage_for(url: str | None, workspace: Path):
         raise UserError(f"--storage: {url!r} is not a URL; use postgresql://user@host/db, sqlite:///file.db "
                         "or journal:/path/file")
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+        return optuna.storages.RDBStorage(tracking.database_url(url), engine_kwargs={"pool_pre_ping": True})
     except Exception as e:  # driver missing, server down, bad credentials: all the user's to fix
         raise UserError(f"--storage: cannot open {url}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
 
@@ -253,25 +253,44 @@ def parent_run_id(ctx: SweepContext, study: Any) -> str:
     return run_id
 
 
+def is_settled(trial: Any) -> bool:
+    """Done for good: complete, pruned, or failed by divergence (a retry would diverge again).
+    A trial failed because its worker died or was interrupted is not: its retry is in the queue."""
+    from optuna.trial import TrialState
+
+    return trial.state in (TrialState.COMPLETE, TrialState.PRUNED) or (
+        trial.state == TrialState.FAIL and trial.user_attrs.get("failure_reason", "").startswith("diverged"))
+
+
 def progress_counts(study: Any) -> tuple[int, int, list[float]]:
     """(finished plans, all plans, durations of finished trials in seconds)."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
     plans = {t.user_attrs.get("plan") for t in trials}
-    finished = {t.user_attrs.get("plan") for t in trials
-                if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-                or (t.state == TrialState.FAIL and "diverged" in t.user_attrs.get("failure_reason", ""))}
+    finished = {t.user_attrs.get("plan") for t in trials if is_settled(t)}
     durations = [(t.datetime_complete - t.datetime_start).total_seconds() for t in trials
                  if t.state == TrialState.COMPLETE and t.datetime_complete and t.datetime_start]
     return len(finished), len(plans), durations
 
 
-def work(ctx: SweepContext, study: Any, storage: Any, workers: int = 1, stop_after: int | None = None) -> int:
+def recipe_key(ctx: SweepContext) -> str:
+    """A hash of the runs' configs (recipe file, scale and overrides; not the seeds, which trials carry)."""
+    import hashlib
+
+    keys = [run.key for run in ctx.recipe.resolve(ctx.scale, seeds=[0])]
+    return hashlib.sha256(json.dumps(keys).encode()).hexdigest()[:16]
+
+
+def work(ctx: SweepContext, study: Any, storage: Any, workers: int = 1) -> int:
     """Run trials until none is waiting or running elsewhere; returns the number this process trained."""
+    expected = study.user_attrs.get("recipe_key")
+    if expected and expected != recipe_key(ctx):  # a worker elsewhere with an edited recipe or other overrides
+        raise UserError(f"--storage: study {ctx.study_name!r} was enqueued from another version of the recipe "
+                        "(file, --scale or overrides differ); start the worker with the same ones as `ablate sweep`")
     trained = 0
     parent = parent_run_id(ctx, study)
-    while stop_after is None or trained < stop_after:
+    while True:
         trial = claim_waiting(study, storage)
         if trial is None:
             if recover_stale(study, storage, ctx.grace_period):
@@ -284,7 +303,6 @@ def work(ctx: SweepContext, study: Any, storage: Any, workers: int = 1, stop_aft
             continue
         run_trial(ctx, study, storage, trial, parent, workers)
         trained += 1
-    return trained
 
 
 def run_trial(ctx: SweepContext, study: Any, storage: Any, trial: Any, parent: str, workers: int) -> None:
@@ -292,7 +310,7 @@ def run_trial(ctx: SweepContext, study: Any, storage: Any, trial: Any, parent: s
 
     from ablate.train import Diverged, train_run
 
-    plan = json.loads(trial.user_attrs.get("plan", "{}"))
+    plan = trial_plan(trial)
     sampled = {d.key: d.suggest(trial) for d in ctx.search.dimensions}  # enqueued grid points come back fixed
     run = run_for_plan(ctx, plan, sampled)
     heartbeat = Heartbeat(trial)
@@ -408,11 +426,7 @@ def wait_for_workers(ctx: SweepContext, study: Any, procs: list[subprocess.Popen
 # --- the whole sweep -----------------------------------------------------------------------------------
 def pending_plans(study: Any, plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Plans without a finished trial (complete, pruned, or failed by divergence)."""
-    from optuna.trial import TrialState
-
-    done = {t.user_attrs.get("plan") for t in study.get_trials(deepcopy=False)
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-            or (t.state == TrialState.FAIL and t.user_attrs.get("failure_reason", "").startswith("diverged"))}
+    done = {t.user_attrs.get("plan") for t in study.get_trials(deepcopy=False) if is_settled(t)}
     return [p for p in plans if plan_key(p) not in done]
 
 
@@ -435,8 +449,12 @@ def confirm_plan(ctx: SweepContext, pending: list[dict[str, Any]], yes: bool) ->
 
 
 def run_sweep(ctx: SweepContext, *, workers: int = 1, yes: bool = False, reports: Path | None = None,
-              overrides_argv: list[str] | None = None) -> Path | None:
-    """Plan, enqueue, train (here or in `workers` local processes), then report. Returns the report folder."""
+              overrides_argv: list[str] | None = None, train: bool = True) -> Path | None:
+    """Plan, enqueue, train (here or in `workers` local processes), then report. Returns the report folder.
+
+    With `train=False` it only enqueues the trials and creates the MLflow parent run: `ablate worker`s on
+    other machines train them, and `ablate report` writes the report afterwards.
+    """
     from ablate.report import write_report
 
     study, storage = open_study(ctx)
@@ -446,7 +464,12 @@ def run_sweep(ctx: SweepContext, *, workers: int = 1, yes: bool = False, reports
     if pending:
         confirm_plan(ctx, pending, yes)
         enqueue_missing(study, plans)
+        study.set_user_attr("recipe_key", recipe_key(ctx))
         parent_run_id(ctx, study)  # creates the MLflow store here, before workers would race to create it
+        if not train:
+            print(f"[sweep {ctx.study_name}] {len(pending)} trials enqueued; start `ablate worker` processes "
+                  "on the training machines, then `ablate report`", flush=True)
+            return None
         if workers > 1:
             procs = spawn_workers(ctx, workers, overrides_argv or [])
             wait_for_workers(ctx, study, procs)
@@ -455,7 +478,7 @@ def run_sweep(ctx: SweepContext, *, workers: int = 1, yes: bool = False, reports
     remaining = pending_plans(study, plans)
     if remaining:
         print(f"[sweep {ctx.study_name}] {len(remaining)} trials still running elsewhere; "
-              "the last worker to finish writes the report", flush=True)
+              "run `ablate report` with the same arguments when they finish", flush=True)
         return None
     folder = report_folder(ctx, reports)
     if pending or not (folder / "table.md").exists():
