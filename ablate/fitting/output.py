@@ -103,20 +103,20 @@ def report_dict(report: FitReport) -> dict:
         }
         for r in report.ratios
     ]
-    return _clean(
-        {
-            "form": report.form.name,
-            "formula": report.form.formula,
-            "level": report.level,
-            "n_boot": report.n_boot,
-            "seed": report.seed,
-            "reference": report.reference,
-            "archs": archs,
-            "ratios": ratios,
-            "method": "Huber (delta 1e-3) on log-loss summed over points; L-BFGS-B from a grid; "
-            "bootstrap over runs within each arch; percentile intervals",
-        }
-    )
+    core = {
+        "form": report.form.name,
+        "formula": report.form.formula,
+        "level": report.level,
+        "n_boot": report.n_boot,
+        "seed": report.seed,
+        "reference": report.reference,
+        "archs": archs,
+        "ratios": ratios,
+        "method": "Huber (delta 1e-3) on log-loss summed over points; L-BFGS-B from a grid; "
+        "bootstrap over runs within each arch; percentile intervals",
+        "notes": list(report.notes),
+    }
+    return _clean({**core, **{k: v for k, v in report.extra.items() if k not in core}})
 
 
 def report_markdown(report: FitReport) -> str:
@@ -148,7 +148,7 @@ def report_markdown(report: FitReport) -> str:
             "Ratio = B's trained value / the value A needs for the same fitted loss. \"extrapolated\": A's "
             "value lies outside A's trained range. \"no solution\": B's loss is at or below A's asymptote.",
         ]
-    notes = [f"{name}: {n}" for name, f in report.archs.items() for n in f.notes]
+    notes = list(report.notes) + [f"{name}: {n}" for name, f in report.archs.items() for n in f.notes]
     notes += [
         f"{name}: the optimiser stopped on maxiter" for name, f in report.archs.items() if not f.converged
     ]

@@ -25,7 +25,8 @@ class FitReport:
     n_boot: int
     seed: int
     level: float
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # report-wide; fit.md's Notes and fit.json's "notes"
+    extra: dict = field(default_factory=dict)  # more top-level keys of fit.json (e.g. the runs it rests on)
 
 
 def get_form(name: str | Form) -> Form:
