@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import subprocess
@@ -40,7 +41,7 @@ def write_corpus(folder: Path, n_docs: int = 30, seed: int = 0) -> Path:
 
 
 def write_recipe(tmp_path: Path, **changes) -> Path:
-    recipe = yaml.safe_load(yaml.safe_dump(MINI))
+    recipe = copy.deepcopy(MINI)  # keeps the variants' order: the first is the reference row
     recipe["base"]["data"]["source"] = str(write_corpus(tmp_path / "corpus"))
     for dotted, value in changes.items():
         node = recipe
