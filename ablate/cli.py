@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     _store_args(p)
     p.add_argument("--variant", required=True, help="variant key, e.g. diff")
     p.add_argument("--seed", type=int, default=None, help="seed (default: the recipe's first)")
+    p.add_argument("--size", default=None, help="size, for recipes with a sizes axis (scaling grids)")
     p.set_defaults(func=cmd_train, takes_overrides=True)
 
     p = verbs.add_parser("sweep", help="train every variant x seed of a recipe as one Optuna study, then report")
@@ -199,7 +200,14 @@ def cmd_train(args: argparse.Namespace, overrides: list) -> int:
         _print_config(recipe, args.scale)
         return 0
     seeds = [args.seed] if args.seed is not None else recipe.seeds[:1]
-    (run,) = recipe.resolve(args.scale, seeds=seeds, variants=[args.variant])
+    runs = recipe.resolve(args.scale, seeds=seeds, variants=[args.variant])
+    sizes = [r.size for r in runs]
+    if len(runs) > 1 or args.size is not None:
+        if args.size not in sizes:
+            raise UserError(f"--size: {'choose one' if args.size is None else repr(args.size) + ' is not'} of this "
+                            f"recipe's sizes at this scale: {', '.join(map(str, sizes))}")
+        runs = [r for r in runs if r.size == args.size]
+    (run,) = runs
     result = train_run(run, workspace=Path(args.workspace), tracking_uri=args.tracking_uri)
     print(result.summary())
     return 0

@@ -201,3 +201,13 @@ def test_summary_printed_by_cli(mini_recipe, tmp_path, capsys):
     assert "val loss" in out and "AR-Hit" in out and "Others" in out and "tokens/s" in out and "MLflow run" in out
     result = json.loads(next((tmp_path / "ws" / "runs").rglob("result.json")).read_text())
     assert result["steps"] == 2
+
+
+def test_train_on_a_recipe_with_sizes_needs_a_size(tmp_path, capsys):
+    recipe = write_recipe(tmp_path, sizes={"s1": {"model": {"d_model": 32}}, "s2": {"model": {"d_model": 48}}},
+                          base__train__steps=1)
+    args = ["train", str(recipe), "--variant", "transformer", "--workspace", str(tmp_path / "ws")]
+    assert main(args) == 2 and "--size" in _one_error_line(capsys)
+    assert main([*args, "--size", "s3"]) == 2 and "s1, s2" in _one_error_line(capsys)
+    assert main([*args, "--size", "s2"]) == 0
+    assert "transformer-s2-s0" in capsys.readouterr().out
