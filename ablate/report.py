@@ -170,7 +170,7 @@ def plot_loss_curves(records: list[RunRecord], labels: dict[str, str], path: Pat
         color = colors.setdefault(key, f"C{len(colors) % 10}")
         xs, ys = zip(*r.curve)
         ax.plot(xs, ys, color=color, alpha=0.9 if first else 0.5, lw=1.4,
-                label=labels.get(r.variant, r.variant) + (f" ({r.size})" if r.size else "") if first else None)
+                label=f"{labels.get(r.variant, r.variant)} [{key}]" if first else None)  # labels may repeat
     ax.set_xlabel("training tokens")
     ax.set_ylabel("validation loss (nats/token)")
     ax.grid(alpha=0.3)
