@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reports", default="reports", help="folder for reports (default ./reports)")
     p.add_argument("--yes", action="store_true", help="start without asking even if estimated over an hour")
     p.add_argument("--allow-unmatched", action="store_true", help="train variants beyond the FLOPs tolerance")
+    p.add_argument("--no-train", action="store_true",
+                   help="only enqueue the trials and create the MLflow parent run; `ablate worker`s train them")
     p.set_defaults(func=cmd_sweep, takes_overrides=True)
 
     p = verbs.add_parser("worker", help="join an existing sweep's study and run its waiting trials")
@@ -129,6 +131,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=5000)
     p.set_defaults(func=cmd_ui, takes_overrides=False)
+
+    p = verbs.add_parser("server", help="start an MLflow tracking server (SQL store, served artifacts) for many workers")
+    p.add_argument("--workspace", default=DEFAULT_WORKSPACE,
+                   help="folder of the default SQLite store and artifacts (default ./ablate-runs)")
+    p.add_argument("--backend-store-uri", default=None,
+                   help="SQL store, e.g. postgresql://user@dbhost/mlflow (default: SQLite in the workspace)")
+    p.add_argument("--artifacts", default=None, help="folder the server keeps artifacts in (default <workspace>/artifacts)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--workers", type=int, default=1, help="server processes (default 1)")
+    p.add_argument("--allowed-hosts", default=None,
+                   help="Host headers to accept besides localhost and private IPs, e.g. mlflow.example.org:5000")
+    p.set_defaults(func=cmd_server, takes_overrides=False)
     return parser
 
 
@@ -244,7 +259,7 @@ def cmd_sweep(args: argparse.Namespace, overrides: list) -> int:
         raise UserError(f"--workers: expected a positive number, got {args.workers}")
     run_check(ctx.recipe, ctx.scale, allow_unmatched=args.allow_unmatched)
     folder = run_sweep(ctx, workers=args.workers, yes=args.yes, reports=Path(args.reports),
-                       overrides_argv=_override_argv(overrides))
+                       overrides_argv=_override_argv(overrides), train=not args.no_train)
     if folder is not None:
         ui = "ablate ui" + (f" --workspace {args.workspace}" if args.workspace != DEFAULT_WORKSPACE else "")
         print(f"report: {folder}/table.md (and table.csv, loss_curves.png)\nMLflow UI: {ui}  -> http://127.0.0.1:5000")
@@ -319,6 +334,14 @@ def cmd_ui(args: argparse.Namespace, overrides: list) -> int:
     from ablate.tracking import serve_ui
 
     return serve_ui(Path(args.workspace), args.tracking_uri, host=args.host, port=args.port)
+
+
+def cmd_server(args: argparse.Namespace, overrides: list) -> int:
+    from ablate.server import serve
+
+    return serve(workspace=Path(args.workspace), backend_store_uri=args.backend_store_uri,
+                 artifacts=Path(args.artifacts) if args.artifacts else None, host=args.host, port=args.port,
+                 workers=args.workers, allowed_hosts=args.allowed_hosts)
 
 
 if __name__ == "__main__":

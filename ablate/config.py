@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -125,6 +126,8 @@ def from_mapping(cls: type, raw: Mapping[str, Any], key: str) -> Any:
     return cls(**values)
 
 
+# Lightning strategies that start processes by spawning/forking the caller: ablate launches ranks itself.
+SPAWNING_STRATEGIES = ("ddp_spawn", "ddp_fork", "ddp_notebook", "ddp_spawn_find_unused_parameters_true")
 PRECISIONS = ("bf16-mixed", "32-true", "16-mixed", "bf16-true", "64-true")
 
 
@@ -155,13 +158,26 @@ class TrainConfig:
     strategy: str = "auto"
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "batch_tokens", "micro_batch_size", "steps", "val_every", "val_batches"):
+        for name in ("seq_len", "batch_tokens", "micro_batch_size", "steps", "val_every", "val_batches", "log_every",
+                     "devices", "num_nodes"):
             if getattr(self, name) <= 0:
                 raise UserError(f"train.{name}: must be positive, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise UserError(f"train.lr: must be positive, got {self.lr}")
+        if not 0 < self.lr < math.inf:
+            raise UserError(f"train.lr: must be a positive number, got {self.lr}")
+        for name in ("eps", "weight_decay", "min_lr", "grad_clip", "warmup_steps"):  # what AdamW/LambdaLR accept
+            if not 0 <= getattr(self, name) < math.inf:
+                raise UserError(f"train.{name}: must be a non-negative number, got {getattr(self, name)}")
+        if not all(0 <= beta < 1 for beta in self.betas):
+            raise UserError(f"train.betas: each must be in [0, 1), got {list(self.betas)}")
         if self.precision not in PRECISIONS:
             raise UserError(f"train.precision: {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.strategy in SPAWNING_STRATEGIES:
+            raise UserError(f"train.strategy: {self.strategy!r} is not supported; use ddp (ablate starts one "
+                            "process per device itself, see ablate/launch.py)")
+        world = self.devices * self.num_nodes
+        if world > 1 and self.val_batches < world:
+            raise UserError(f"train.val_batches: {self.val_batches} is fewer than devices x num_nodes = {world}; "
+                            "every rank validates a share of the held-out batches")
         per_pass = self.seq_len * self.micro_batch_size * self.devices * self.num_nodes
         if self.batch_tokens % per_pass:
             raise UserError(

@@ -158,6 +158,7 @@ def _complete(config: dict[str, Any], where: str) -> dict[str, Any]:
     for section in SECTIONS:
         if section not in config:
             raise UserError(f"base.{section}: required section missing ({where})")
+        _mapping(config[section], section, optional=section == "data")  # `data:` alone means the defaults
     unknown = sorted(set(config) - set(SECTIONS))
     if unknown:
         raise UserError(f"base.{unknown[0]}: unknown section; sections: {', '.join(SECTIONS)}")
@@ -207,12 +208,29 @@ def load_recipe(path: str | Path, overrides: Iterable[tuple[str, Any]] = ()) -> 
     return recipe
 
 
+def _mapping(value: Any, key: str, *, optional: bool = False) -> Mapping:
+    """`value` if it is a mapping with text keys (or None when `optional`); else a UserError naming `key`."""
+    if value is None and optional:
+        return {}
+    if not isinstance(value, Mapping):
+        raise UserError(f"{key}: expected a mapping, got {value!r}")
+    for k in value:
+        if not isinstance(k, str):
+            raise UserError(f"{key}.{k!r}: keys must be text, got {type(k).__name__} {k!r}")
+    return value
+
+
 def _check_raw(raw: dict[str, Any], path: Path) -> None:
     for key in raw:
         if key not in TOP_KEYS:
             raise UserError(f"{key}: unknown recipe key{registry.closest(key, TOP_KEYS)}; keys: {', '.join(TOP_KEYS)}")
     if not isinstance(raw.get("base"), Mapping):
         raise UserError(f"base: required mapping with model, train and data ({path})")
+    _mapping(raw["base"], "base")
+    for group in ("scales", "sizes"):  # name -> overlay on base; read before anything else touches them
+        for name, overlay in _mapping(raw.get(group), group, optional=True).items():
+            _mapping(_mapping(overlay, f"{group}.{name}", optional=True).get("model"), f"{group}.{name}.model",
+                     optional=True)
     variants = raw.get("variants")
     if not isinstance(variants, Mapping) or not variants:
         raise UserError(f"variants: required mapping of at least one variant ({path})")

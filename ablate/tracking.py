@@ -26,9 +26,20 @@ RUN_KEY = TAG + "run_key"
 PARENT = "mlflow.parentRunId"
 
 
+def database_url(url: str) -> str:
+    """A SQLAlchemy URL the installed driver can open: `postgresql://` means psycopg2 to SQLAlchemy, so it
+    becomes `postgresql+psycopg://` when only psycopg 3 (the `postgres` extra) is installed."""
+    import importlib.util
+
+    if url.startswith(("postgresql://", "postgres://")) and importlib.util.find_spec("psycopg2") is None \
+            and importlib.util.find_spec("psycopg") is not None:
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
 def tracking_uri_for(workspace: Path, tracking_uri: str | None) -> str:
     if tracking_uri:
-        return tracking_uri
+        return database_url(tracking_uri)
     workspace = ensure_workspace(workspace)
     return f"sqlite:///{workspace / 'mlflow.db'}"
 
@@ -129,9 +140,11 @@ def open_run(client, run, workspace: Path, *, parent_run_id: str | None = None, 
         if status == "FINISHED" and not fresh:
             return "finished", existing.info.run_id
         if status in ("RUNNING", "SCHEDULED") and not fresh:
+            from mlflow.entities import RunTag
+
             client.update_run(existing.info.run_id, status="RUNNING")
-            for key, value in (extra_tags or {}).items():
-                client.set_tag(existing.info.run_id, key, value)
+            if extra_tags:  # one request, not one per tag (a tracking server is a round trip away)
+                client.log_batch(existing.info.run_id, tags=[RunTag(k, str(v)) for k, v in extra_tags.items()])
             return "resumed", existing.info.run_id
     tags = run_tags(run, code_version(), extra_tags)
     if parent_run_id:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ablate import tracking
 from ablate.config import TrainConfig
 from ablate.errors import UserError
-from ablate.metrics import ar_hit_mask, sliced_loss_sums
+from ablate.metrics import SUM_KEYS, ar_hit_mask, sliced_loss_sums
 from ablate.model import DecoderLM, build_model
 from ablate.recipe import RunSpec
 
@@ -41,6 +41,7 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*litlogger.*")
+    warnings.filterwarnings("ignore", message=".*sync_dist=True.*")  # val/loss is all-reduced by hand, once
     warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")  # resuming
     warnings.filterwarnings("ignore", message=".*noload.*loader strategy is deprecated.*")  # MLflow's SQLAlchemy use
 
@@ -61,7 +62,7 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 class LMModule(L.LightningModule):
     """Next-token cross-entropy on packed sequences; logs through `sink(metrics, step)`."""
 
-    def __init__(self, model: DecoderLM, cfg: TrainConfig, sink: Callable[[dict[str, float], int], None]):
+    def __init__(self, model: DecoderLM, cfg: TrainConfig, sink: Callable[[dict[str, float], int], None] | None):
         super().__init__()
         self.model = model
         self.cfg = cfg
@@ -70,7 +71,7 @@ class LMModule(L.LightningModule):
         self._step_losses: list[torch.Tensor] = []
         self._grad_norm = float("nan")
         self._clock = (time.perf_counter(), 0)
-        self._val: dict[str, float] = {}
+        self._val: dict[str, torch.Tensor] = {}
         self.compiled = torch.compile(model) if cfg.compile else model
 
     # --- training -------------------------------------------------------------------------------
@@ -80,7 +81,9 @@ class LMModule(L.LightningModule):
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         logits = self(batch[:, :-1])
         loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
-        if not torch.isfinite(loss):
+        # On several ranks only the gradient check below raises: it sees all-reduced gradients, so every
+        # rank stops at the same step instead of one waiting for the others in a collective.
+        if self.trainer.world_size == 1 and not torch.isfinite(loss):
             raise Diverged(f"training loss is {loss.item()} at step {self.global_step + 1}")
         self._step_losses.append(loss.detach())
         return loss
@@ -98,7 +101,10 @@ class LMModule(L.LightningModule):
         losses, self._step_losses = self._step_losses, []
         if step % self.cfg.log_every and step not in (1, self.cfg.steps):
             return  # step 1 is always logged: its loss is the initial loss (no update has happened yet)
-        loss = float(torch.stack(losses).mean()) if losses else float("nan")
+        loss = torch.stack(losses).mean() if losses else torch.tensor(float("nan"), device=self.device)
+        loss = float(self.trainer.strategy.reduce(loss, reduce_op="mean"))  # all ranks: the global batch's loss
+        if self.sink is None:
+            return  # not global rank 0
         now, last_step = time.perf_counter(), self._clock[1]
         seconds = now - self._clock[0]
         self._clock = (now, step)
@@ -126,19 +132,21 @@ class LMModule(L.LightningModule):
 
     # --- validation -----------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
-        self._val = {}
+        self._val = {key: torch.zeros((), dtype=torch.float64, device=self.device) for key in SUM_KEYS}
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         logits = self(batch[:, :-1])
         per_token = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten(), reduction="none")
         sums = sliced_loss_sums(per_token.view(batch.shape[0], -1), ar_hit_mask(batch))
         for key, value in sums.items():
-            self._val[key] = self._val.get(key, 0.0) + float(value)
+            self._val[key] = self._val[key] + value
 
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking or not self._val:
             return
-        v = self._val
+        # Each rank validated its share of the held-out batches: sum the sums over ranks (one collective).
+        summed = self.trainer.strategy.reduce(torch.stack([self._val[k] for k in SUM_KEYS]), reduce_op="sum")
+        v = dict(zip(SUM_KEYS, summed.tolist()))
         total = v["total_count"]
         metrics = {
             "val/loss": v["total_sum"] / total,
@@ -154,7 +162,8 @@ class LMModule(L.LightningModule):
             raise Diverged(f"validation loss is {metrics['val/loss']} at step {self.global_step}")
         self.log("val/loss", metrics["val/loss"], logger=False)  # for checkpoint selection
         self.history.append({"step": self.global_step, **metrics})
-        self.sink(metrics, self.global_step)
+        if self.sink is not None:
+            self.sink(metrics, self.global_step)
 
 
 @dataclass
@@ -206,10 +215,13 @@ def train_run(run: RunSpec, *, workspace: Path, tracking_uri: str | None = None,
 
     Raises `Diverged` after marking the MLflow run FAILED with the reason.
     """
+    from ablate import launch
     from ablate.data import load_tokens
 
     cfg = run.train
     folder = run_dir(workspace, run)
+    if launch.global_rank(cfg) != 0:  # another node's rank 0 (or a torchrun/srun rank): trains, records nothing
+        return train_rank(run, workspace=workspace)
     client = tracking.client_for(workspace, tracking_uri)
     state, run_id = tracking.open_run(client, run, workspace, parent_run_id=parent_run_id,
                                       extra_tags={**shape_tags(run), **(extra_tags or {})})
@@ -224,7 +236,11 @@ def train_run(run: RunSpec, *, workspace: Path, tracking_uri: str | None = None,
                 f"({tokens.vocab_size}, tokenizer {tokens.tokenizer}); set model.vocab_size >= {tokens.vocab_size}")
         client.log_batch(run_id, params=[])  # fail fast if the store went away
         tracking.log_text(client, run_id, json.dumps(tokens.describe(), indent=2), "data.json")
-        result = _fit(run, cfg, tokens, folder, client, run_id, progress, callbacks or [])
+
+        def sink(metrics: dict[str, float], step: int) -> None:
+            tracking.log_metrics(client, run_id, metrics, step)
+
+        result = _fit(run, cfg, tokens, folder, sink, progress, callbacks or [], workspace)
     except Diverged as e:
         client.set_tag(run_id, tracking.TAG + "failure_reason", str(e))
         client.set_terminated(run_id, status="FAILED")
@@ -241,52 +257,78 @@ def train_run(run: RunSpec, *, workspace: Path, tracking_uri: str | None = None,
     return result
 
 
-def _fit(run: RunSpec, cfg: TrainConfig, tokens: Any, folder: Path, client: Any, run_id: str, progress: bool,
-         callbacks: list[L.Callback]) -> TrainResult:
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from torch.utils.data import DataLoader
+def train_rank(run: RunSpec, *, workspace: Path) -> TrainResult:
+    """A rank other than global rank 0 of a multi-device run: the same training, no MLflow, no files."""
+    from ablate.data import load_tokens
 
+    tokens = load_tokens(run.config["data"], Path(workspace))
+    return _fit(run, run.train, tokens, run_dir(workspace, run), None, False, [], workspace)
+
+
+def _fit(run: RunSpec, cfg: TrainConfig, tokens: Any, folder: Path, sink: Callable[[dict[str, float], int], None] | None,
+         progress: bool, callbacks: list[L.Callback], workspace: Path) -> TrainResult:
+    """Train on this process's rank; `sink` (global rank 0 only) receives the metrics."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from torch.utils.data import DataLoader, Subset
+
+    from ablate import launch
     from ablate.data import TrainBatches, ValBatches
 
     quiet_lightning()
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
     model = build_model(run.config["model"], seed=run.seed)
-
-    def sink(metrics: dict[str, float], step: int) -> None:
-        tracking.log_metrics(client, run_id, metrics, step)
-
     module = LMModule(model, cfg, sink)
+    world, rank = launch.world_size(cfg), launch.global_rank(cfg)
     last = folder / "checkpoints" / "last.ckpt"
     checkpoint = ModelCheckpoint(dirpath=folder / "checkpoints", filename="best", monitor="val/loss", mode="min",
                                  save_top_k=1, save_last=True, enable_version_counter=False)
-    trainer = L.Trainer(
-        accelerator=cfg.accelerator, devices=cfg.devices, num_nodes=cfg.num_nodes, strategy=cfg.strategy,
-        precision=cfg.precision, max_steps=cfg.steps, accumulate_grad_batches=cfg.accumulate,
-        gradient_clip_val=cfg.grad_clip or None, val_check_interval=cfg.val_every * cfg.accumulate,
-        check_val_every_n_epoch=None, num_sanity_val_steps=0, logger=False, callbacks=[checkpoint, *callbacks],
-        enable_progress_bar=progress, enable_model_summary=False, deterministic=cfg.deterministic or None,
-        default_root_dir=folder, use_distributed_sampler=False,
-    )
     start_step = _checkpoint_step(last) if last.exists() else 0
     # The stream of micro-batches depends on (seed, index) only; a resumed run starts where it stopped.
+    # With `world` ranks, rank r takes micro-batches r, r + world, ...: optimizer step s sees micro-batches
+    # s*A*world .. (s+1)*A*world - 1 over all ranks (A = accumulate per rank), the same global batch as
+    # one process accumulating A*world micro-batches.
     train = DataLoader(TrainBatches(tokens.train, seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size,
-                                    seed=run.seed, start=start_step * cfg.accumulate), batch_size=None)
-    val = DataLoader(ValBatches(tokens.val, seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size,
-                                n_batches=cfg.val_batches), batch_size=None)
+                                    seed=run.seed, start=start_step * cfg.accumulate * world, rank=rank,
+                                    world_size=world), batch_size=None)
+    held_out = ValBatches(tokens.val, seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size,
+                          n_batches=cfg.val_batches)
+    val = DataLoader(Subset(held_out, range(rank, len(held_out), world)) if world > 1 else held_out, batch_size=None)
     started = time.perf_counter()
-    trainer.fit(module, train, val, ckpt_path=last if last.exists() else None, weights_only=True)
-    if not module.history or module.history[-1]["step"] != trainer.global_step:
-        trainer.validate(module, val, verbose=False)
+    with launch.local_ranks(run, workspace, folder) as plugins:
+        trainer = L.Trainer(
+            accelerator=cfg.accelerator, devices=cfg.devices, num_nodes=cfg.num_nodes, strategy=launch.strategy_for(cfg),
+            precision=cfg.precision, max_steps=cfg.steps, accumulate_grad_batches=cfg.accumulate,
+            gradient_clip_val=cfg.grad_clip or None, val_check_interval=cfg.val_every * cfg.accumulate,
+            check_val_every_n_epoch=None, num_sanity_val_steps=0, logger=False,
+            callbacks=[checkpoint, _SameRanks(rank, world), *callbacks], plugins=plugins,
+            enable_progress_bar=progress and rank == 0, enable_model_summary=False,
+            deterministic=cfg.deterministic or None, default_root_dir=folder, use_distributed_sampler=False,
+        )
+        trainer.fit(module, train, val, ckpt_path=last if last.exists() else None, weights_only=True)
+        if not module.history or module.history[-1]["step"] != trainer.global_step:
+            trainer.validate(module, val, verbose=False)
     seconds = time.perf_counter() - started
     final = module.history[-1]
     trained_steps = trainer.global_step - start_step
     return TrainResult(
-        run_id=run_id, status="finished", name=run.name, val_loss=final["val/loss"], ar_hit=final["val/ar_hit"],
+        run_id="", status="finished", name=run.name, val_loss=final["val/loss"], ar_hit=final["val/ar_hit"],
         others=final["val/others"], ar_hit_share=final["val/ar_hit_share"],
         tokens_per_s=trained_steps * cfg.batch_tokens / seconds if seconds > 0 else float("nan"),
         steps=trainer.global_step, seconds=seconds, history=module.history,
     )
+
+
+class _SameRanks(L.Callback):
+    """The data shards were cut for (rank, world) before Lightning set up the processes: check it agrees."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+
+    def setup(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
+        if (trainer.global_rank, trainer.world_size) != (self.rank, self.world):
+            raise RuntimeError(f"Lightning placed this process as rank {trainer.global_rank} of {trainer.world_size}, "
+                               f"the data was split for rank {self.rank} of {self.world}")
 
 
 def _checkpoint_step(path: Path) -> int:

@@ -1,0 +1,126 @@
+"""`ablate server`: one MLflow tracking server that workers on many machines log to.
+
+The server keeps runs in a SQL backend store (PostgreSQL for many machines; SQLite in the workspace by
+default) and serves artifacts itself (`--serve-artifacts`): workers upload through HTTP into one folder
+on the server's machine, so they need no shared filesystem and no cloud credentials. It listens on
+127.0.0.1 unless `--host` says otherwise. The command line is an argument list: nothing reaches a shell.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ablate import tracking
+from ablate.errors import UserError
+
+READY_TIMEOUT = 180.0  # seconds; the first start on an empty database runs MLflow's migrations
+
+
+def server_command(backend_store_uri: str, artifacts: Path, host: str, port: int, workers: int = 1,
+                   allowed_hosts: str | None = None) -> list[str]:
+    """The `mlflow server` argument list."""
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_store_uri,
+           "--serve-artifacts", "--artifacts-destination", artifacts.as_uri(),
+           "--host", host, "--port", str(port), "--workers", str(workers)]
+    if allowed_hosts:
+        cmd += ["--allowed-hosts", allowed_hosts]
+    return cmd
+
+
+def backend_store(uri: str | None, workspace: Path) -> str:
+    """The backend store URL: the user's (a SQLAlchemy URL) or the workspace's SQLite file."""
+    if uri is None:
+        return tracking.tracking_uri_for(workspace, None)
+    if uri.startswith(("http:", "https:")) or "://" not in uri:
+        raise UserError(f"--backend-store-uri: {uri!r} is not a database URL; use postgresql://user@host/db "
+                        "or sqlite:///path/mlflow.db")
+    return tracking.database_url(uri)
+
+
+def url_for(host: str, port: int) -> str:
+    """The address clients use; a wildcard bind is reached through the loopback address here."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+
+
+def wait_ready(proc: subprocess.Popen, url: str, timeout: float = READY_TIMEOUT) -> None:
+    """Block until the server answers /health; UserError if it exits or does not answer in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise UserError(f"ablate server: mlflow server exited with code {proc.returncode} before it "
+                            "was ready (see its output above: port in use? database unreachable?)")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:  # noqa: S310 (our own URL)
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise UserError(f"ablate server: no answer from {url}/health within {timeout:.0f} s")
+
+
+def serve(*, workspace: Path, backend_store_uri: str | None = None, artifacts: Path | None = None,
+          host: str = "127.0.0.1", port: int = 5000, workers: int = 1, allowed_hosts: str | None = None) -> int:
+    """Start the server, print its URL once it answers, and run until interrupted or terminated."""
+    if not 0 < port < 65536:
+        raise UserError(f"--port: expected 1-65535, got {port}")
+    if workers < 1:
+        raise UserError(f"--workers: expected a positive number, got {workers}")
+    store = backend_store(backend_store_uri, workspace)
+    artifacts = Path(artifacts) if artifacts else tracking.ensure_workspace(workspace) / "artifacts"
+    try:
+        artifacts.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--artifacts: cannot create {artifacts}: {e.strerror or e}") from None
+    artifacts = artifacts.resolve()
+    url = url_for(host, port)
+    # Its own process group: `mlflow server` runs uvicorn in child processes, which stop with the group.
+    proc = subprocess.Popen(server_command(store, artifacts, host, port, workers, allowed_hosts),
+                            start_new_session=True)
+
+    def stop(signum: int, frame: object) -> None:  # SIGTERM: stop the server too, then exit
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        wait_ready(proc, url)
+        remote = f"http://{socket.getfqdn()}:{port}" if host in ("0.0.0.0", "::", "") else url  # wildcard bind
+        print(f"MLflow server on {url}  (backend store {_redact(store)}, artifacts {artifacts})\n"
+              f"workers: --tracking-uri {remote}", flush=True)
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _redact(url: str) -> str:
+    """The URL without a password."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest.split("/", 1)[0]:
+        user = rest.split("@", 1)[0].split(":", 1)[0]
+        return f"{scheme}{sep}{user}:***@{rest.split('@', 1)[1]}"
+    return url
