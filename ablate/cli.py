@@ -111,15 +111,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which parameter count N is (default non_embedding, Kaplan et al.)")
     p.set_defaults(func=cmd_fit, takes_overrides=True)
 
-    p = verbs.add_parser("bench", help="training/forward throughput, memory and MFU per variant and sequence length")
-    p.add_argument("recipe", nargs="?", default="recipes/table6.yaml")
-    p.add_argument("--scale", default="small")
-    p.add_argument("--variants", nargs="+", default=["transformer", "diff"])
-    p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is reported (default 3)")
-    p.add_argument("--out", default="reports/bench")
-    p.set_defaults(func=cmd_bench, takes_overrides=False)
-
     p = verbs.add_parser("prepare", help="tokenize a corpus into shards")
     _recipe_args(p, overrides=False)
     _store_args(p)
@@ -308,14 +299,6 @@ def cmd_fit(args: argparse.Namespace, overrides: list) -> int:
                                  params_count=args.params_count)
     for path in written:
         print(path)
-    return 0
-
-
-def cmd_bench(args: argparse.Namespace, overrides: list) -> int:
-    from ablate.bench import run_bench
-
-    run_bench(args.recipe, scale=args.scale, variants=args.variants, seq_lens=args.seq_lens, rounds=args.rounds,
-              out=args.out)
     return 0
 
 
