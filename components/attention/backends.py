@@ -1,10 +1,16 @@
 """Attention cores shared by the attention kinds, selected by name.
 
-- `math`: the equations literally; materialises the N x N maps (and can return them).
+- `math`: the equations literally; materialises the N x N maps (and can return them). The reference.
 - `sdpa`: `torch.nn.functional.scaled_dot_product_attention`, causal (fused kernels on CPU and CUDA).
+- `sdpa_padded`: SDPA for differential attention with Q and K zero-padded to V's width 2d: both maps and
+  the wide V in one fused call, one softmax per map (plain softmax attention: the same as `sdpa`).
+- `blockwise`: forward by SDPA's fused kernel (`sdpa_padded` for differential attention), backward by
+  `components.attention.blockwise` in query blocks of PyTorch GEMMs: no N x N map kept, and the two
+  maps of differential attention meet V in one (A1 - λ A2) V product (Eq. 1's FLOPs).
 - `flash_attn`: flash-attn's `flash_attn_func` (CUDA, fp16/bf16), reached only through `flash_attn_func()`,
   the one seam a CPU stand-in replaces in tests.
-- `auto`: `flash_attn` for fp16/bf16 CUDA tensors when flash-attn imports, else `sdpa`.
+- `auto`: `flash_attn` for fp16/bf16 CUDA tensors when flash-attn imports; otherwise `sdpa`, except for
+  differential attention on CPU, where `blockwise` is the fastest (benchmarks/NOTES.md).
 
 Tensors are (batch, heads, seq, width). Keys and values may have fewer heads than queries (grouped-query
 attention): query head i reads kv head i // (H / H_kv), the convention of flash-attn and SDPA.
@@ -20,8 +26,9 @@ import torch.nn.functional as F
 
 from ablate.errors import UserError
 from ablate.registry import closest
+from components.attention import blockwise
 
-BACKENDS = ("auto", "math", "sdpa", "flash_attn")
+BACKENDS = ("auto", "math", "sdpa", "sdpa_padded", "blockwise", "flash_attn")
 FLASH_MISSING = (
     "flash_attn backend: the flash-attn package is not installed (pip install 'ablate[flash]', CUDA only)"
 )
@@ -48,8 +55,9 @@ def check_backend(name: str, *, key: str = "backend") -> str:
     return name
 
 
-def resolve(name: str, device: torch.device, dtype: torch.dtype) -> str:
-    """The concrete backend `name` means for tensors on `device` of `dtype` (only `auto` depends on them)."""
+def resolve(name: str, device: torch.device, dtype: torch.dtype, *, diff: bool = False) -> str:
+    """The concrete backend `name` means for tensors on `device` of `dtype` (only `auto` depends on them;
+    `diff`: for differential attention)."""
     if name != "auto":
         return name
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
@@ -58,6 +66,10 @@ def resolve(name: str, device: torch.device, dtype: torch.dtype) -> str:
             return "flash_attn"
         except UserError:
             pass
+    if diff and device.type == "cpu":
+        # Padded SDPA forward, backward in query blocks with one (A1 - λ A2) V product: the fastest of the
+        # diff paths measured on CPU; softmax attention gains nothing from it (benchmarks/NOTES.md).
+        return "blockwise"
     return "sdpa"
 
 
@@ -78,6 +90,11 @@ def attend(
         weights = _maps(q, k).to(q.dtype)  # (B,G,R,N,N)
         out = (weights @ v.unsqueeze(2)).flatten(1, 2)
         return (out, weights.flatten(1, 2)) if return_weights else out
+    if name == "blockwise":
+        groups = k.shape[1]
+        qg = q.unflatten(1, (groups, -1)).unsqueeze(1)  # (B,1,G,R,N,d)
+        out = blockwise.attention(qg, k.unsqueeze(1), v, fused_forward=_sdpa_grouped if _on_sdpa(q) else None)
+        return out.flatten(1, 2)
     return _fused(name)(q, k, v)
 
 
@@ -99,30 +116,84 @@ def diff_attend(
 
     q1, q2 (B,h,N,d); k1, k2 (B,h_kv,N,d); v (B,h_kv,N,2d); lam a 0-dim tensor -> (B,h,N,2d). Q1 of head
     i pairs with K1 of its kv group and Q2 with K2 of the same group. With `return_weights` the math
-    form runs and {"a1", "a2", "lambda"} come back too.
+    form runs and {"a1", "a2", "lambda"} come back too. (`diff_attend_maps` takes the pairs stacked.)
     """
-    _check_groups(q1, k1, v, v_width=2 * q1.shape[-1])
     if q2.shape != q1.shape or k2.shape != k1.shape:
         raise ValueError(f"q2/k2 shapes {tuple(q2.shape)}/{tuple(k2.shape)} differ from q1/k1")
-    name = resolve(backend, q1.device, q1.dtype)
+    q, k = torch.stack([q1, q2], dim=1), torch.stack([k1, k2], dim=1)
+    return diff_attend_maps(q, k, v, lam, backend=backend, return_weights=return_weights)
+
+
+def diff_attend_maps(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    *,
+    backend: str,
+    return_weights: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`diff_attend` with the pairs stacked on dim 1: q (B,2,h,N,d) = [Q1, Q2], k (B,2,h_kv,N,d) = [K1, K2],
+    any strides (a view of the reference's interleaved projection is one). The result (B,h,N,2d) is laid
+    out (B,N,h,2d) in memory by the fused paths, so merging heads for the output projection is a view.
+    """
+    q1, k1 = q[:, 0], k[:, 0]
+    _check_groups(q1, k1, v, v_width=2 * q1.shape[-1])
+    if q.shape[1] != 2 or k.shape[1] != 2:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must stack two maps on dim 1")
+    name = resolve(backend, q.device, q.dtype, diff=True)
     if return_weights or name == "math":
-        a1, a2 = _maps(q1, k1), _maps(q2, k2)  # float32 (B,G,R,N,N)
+        a1, a2 = _maps(q1, k1), _maps(q[:, 1], k[:, 1])  # float32 (B,G,R,N,N)
         # One product with V, so the FLOPs are a Transformer's with 2h heads of width d.
         diff = (a1 - lam.float() * a2).to(v.dtype)
         out = (diff @ v.unsqueeze(2)).flatten(1, 2)
         if not return_weights:
             return out
-        return out, {"a1": a1.flatten(1, 2).to(q1.dtype), "a2": a2.flatten(1, 2).to(q1.dtype), "lambda": lam}
+        return out, {"a1": a1.flatten(1, 2).to(q.dtype), "a2": a2.flatten(1, 2).to(q.dtype), "lambda": lam}
+    if name == "blockwise":
+        qg = q.unflatten(2, (k.shape[2], -1))  # (B,2,G,R,N,d)
+        fused = _padded_grouped if _on_sdpa(q) else None
+        return blockwise.attention(qg, k, v, lam, fused_forward=fused).flatten(1, 2)
+    if name == "sdpa_padded":
+        return _diff_padded(q, k, v, lam)
     # FlashDiffAttn_2 (Appendix A): the fused kernels need V as wide as Q/K (a wide V silently drops
     # SDPA to its math kernel), so V is split into halves. Stacking Q1|Q2 and K1|K2 as heads keeps the
     # pairing (stacked query head j reads stacked kv head j // (h / h_kv)) and gives one call per half.
-    h = q1.shape[1]
-    q, k = torch.cat([q1, q2], dim=1), torch.cat([k1, k2], dim=1)
+    h, neg_lam = q.shape[2], -lam
+    qs, ks = q.flatten(1, 2), k.flatten(1, 2)  # (B,2h,N,d), (B,2h_kv,N,d)
     core = _fused(name)
-    halves = [core(q, k, torch.cat([v_half, v_half], dim=1)) for v_half in v.chunk(2, dim=-1)]
-    a1v = torch.cat([half[:, :h] for half in halves], dim=-1)  # A1 [V1, V2]
-    a2v = torch.cat([half[:, h:] for half in halves], dim=-1)  # A2 [V1, V2]
-    return a1v - lam.to(a2v.dtype) * a2v
+    halves = []
+    for v_half in v.chunk(2, dim=-1):
+        both = core(qs, ks, torch.cat([v_half, v_half], dim=1))  # [A1 V_half; A2 V_half] as heads
+        halves.append(torch.addcmul(both[:, :h], both[:, h:], neg_lam).transpose(1, 2))  # (B,N,h,d)
+    return torch.cat(halves, dim=-1).transpose(1, 2)  # [A1 V1 - λ A2 V1, A1 V2 - λ A2 V2]
+
+
+def _diff_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """FlashDiffAttn_1 (Appendix A) on a kernel that needs equal widths: Q and K zero-padded to V's width
+    2d leave every score unchanged (the scale is given explicitly), so one fused call computes
+    [A1 V; A2 V] for the stacked heads, one softmax per map (split V needs two per map)."""
+    h, d = q.shape[2], q.shape[-1]
+    qp, kp = (F.pad(t.permute(0, 3, 1, 2, 4), (0, d)).permute(0, 2, 3, 1, 4).flatten(1, 2) for t in (q, k))
+    both = _sdpa(
+        qp, kp, torch.cat([v, v], dim=1), scale=1 / math.sqrt(d)
+    )  # (B,2h,N,2d), laid out (B,N,2h,2d)
+    return torch.addcmul(both[:, :h], both[:, h:], -lam)
+
+
+def _on_sdpa(q: torch.Tensor) -> bool:
+    """Whether SDPA's fused kernels serve these tensors (CPU, CUDA) for the blockwise forward."""
+    return q.device.type in ("cpu", "cuda") and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _sdpa_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """The blockwise backend's forward for softmax attention: q (B,1,G,R,N,d) -> (B,G,R,N,d)."""
+    return _sdpa(q[:, 0].flatten(1, 2), k[:, 0], v).unflatten(1, (k.shape[2], -1))
+
+
+def _padded_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """The blockwise backend's forward for differential attention: q (B,2,G,R,N,d) -> (B,G,R,N,2d)."""
+    return _diff_padded(q.flatten(2, 3), k, v, lam).unflatten(1, (k.shape[2], -1))
 
 
 # --- the pieces ------------------------------------------------------------------------------------
@@ -149,21 +220,21 @@ def _maps(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def _fused(name: str):
-    if name == "sdpa":
+    if name in ("sdpa", "sdpa_padded"):
         return _sdpa
     if name == "flash_attn":
         return _flash
     raise UserError(f"backend: unknown attention backend {name!r}; known: {', '.join(BACKENDS)}")
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     if q.shape[1] == k.shape[1]:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    if _SDPA_HAS_GQA:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    if _SDPA_HAS_GQA:  # the fused kernels read kv head i // (H / H_kv) themselves: no copies
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, scale=scale)
     repeat = q.shape[1] // k.shape[1]  # torch < 2.5: no enable_gqa
     k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
 
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from torch import nn
 from ablate.errors import UserError
 from ablate.registry import build, register
 from components.attention import backends
+from components.attention.head_norm import head_rms_norm
 from components.attention.softmax import KEY, kv_heads
 from components.norm import RMSNorm
 
@@ -27,6 +28,16 @@ class DiffAttention(nn.Module):
     """Differential attention: (softmax(Q1K1) - λ softmax(Q2K2)) V, per-head RMSNorm, times 1 - λ_init."""
 
     residual_out = ("out_proj.weight",)
+    # The attention core's FLOPs under each way of running Eq. 1, relative to `flops` (Eq. 1 as written,
+    # one product (A1 - λ A2) V); read by `ablate bench` for its ceilings. FlashDiffAttn_1/2: Appendix A.
+    # The blockwise backend trains with a padded (2x) forward and a one-product (1x) backward: under the
+    # budget's convention (backward = 2 x forward) that is (2 + 2 x 1) / 3 of the core.
+    kernel_forms = {
+        "one product (math)": 1.0,
+        "blockwise (fwd 2x, bwd 1x)": 4 / 3,
+        "V 2d wide (FlashDiffAttn_1)": 1.5,
+        "split V or padded (FlashDiffAttn_2)": 2.0,
+    }
 
     def __init__(
         self,
@@ -74,6 +85,10 @@ class DiffAttention(nn.Module):
         """The model initialises the λ vectors Normal(0, lambda_std) (reference: 0.1)."""
         return dict.fromkeys(LAMBDAS, self.lambda_std)
 
+    def resolved_backend(self, device: torch.device, dtype: torch.dtype) -> str:
+        """The attention core that runs for inputs on `device` of `dtype`."""
+        return backends.resolve(self.backend, device, dtype, diff=True)
+
     def lambda_value(self) -> torch.Tensor:
         """λ = exp(λq1·λk1) - exp(λq2·λk2) + λ_init (Eq. 2), a float32 0-dim tensor (with its graph)."""
         dot1 = torch.sum(self.lambda_q1.float() * self.lambda_k1.float())
@@ -86,27 +101,36 @@ class DiffAttention(nn.Module):
         """x (B,N,d_model) -> (B,N,d_model); with `return_weights` also {"a1", "a2": (B,h,N,N), "lambda"},
         computed by the math backend whatever `backend` is (the fused kernels never form the maps)."""
         batch, n, _ = x.shape
-        d, h, h_kv = self.head_dim, self.n_heads, self.n_kv_heads
-        q = self.position(self.q_proj(x).view(batch, n, 2 * h, d).transpose(1, 2))  # RoPE on every sub-head
-        k = self.position(self.k_proj(x).view(batch, n, 2 * h_kv, d).transpose(1, 2))
-        v = self.v_proj(x).view(batch, n, h_kv, 2 * d).transpose(1, 2)
-        lam = self.lambda_value()
-        result = backends.diff_attend(
-            q[:, 0::2],
-            q[:, 1::2],
-            k[:, 0::2],
-            k[:, 1::2],
-            v,
-            lam,
-            backend=self.backend,
-            return_weights=return_weights,
+        q, k, v = self.project(x)
+        result = backends.diff_attend_maps(
+            q, k, v, self.lambda_value(), backend=self.backend, return_weights=return_weights
         )
         out, weights = result if return_weights else (result, None)  # (B,h,N,2d)
-        if self.subln is not None:
-            out = self.subln(out)
-        out = out * (1 - self.lambda_init)
-        out = self.out_proj(out.transpose(1, 2).reshape(batch, n, h * 2 * d))
+        if self.subln is not None:  # Eq. 3, times the fixed (1 - λ_init)
+            out = head_rms_norm(out, self.subln.weight, self.subln.eps, 1 - self.lambda_init)
+        else:
+            out = out * (1 - self.lambda_init)
+        out = self.out_proj(out.transpose(1, 2).reshape(batch, n, self.n_heads * 2 * self.head_dim))
         return (out, weights) if return_weights else out
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B,2,h,N,d) = [Q1, Q2] and k (B,2,h_kv,N,d) = [K1, K2], rotated; v (B,h_kv,N,2d).
+
+        One GEMM against the three weights concatenated (the parameters stay the reference's), one
+        position call for Q and K together; the results are views of that GEMM's output (or of the
+        rotation's), so nothing is copied to pair the sub-heads.
+        """
+        batch, n, _ = x.shape
+        d, h, h_kv = self.head_dim, self.n_heads, self.n_kv_heads
+        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        y = nn.functional.linear(x, weight)  # (B,N,(2h + 2h_kv) d + h_kv 2d)
+        # split, not slices: the backward of a split is one cat, that of slices is zeros and adds
+        qk, v = y.split([2 * (h + h_kv) * d, 2 * h_kv * d], dim=-1)
+        qk = self.position(qk.unflatten(-1, (2 * (h + h_kv), d)).transpose(1, 2))  # every sub-head
+        q, k = qk.split([2 * h, 2 * h_kv], dim=1)
+        q = q.unflatten(1, (h, 2)).transpose(1, 2)  # sub-head 2i + c -> map c, head i
+        k = k.unflatten(1, (h_kv, 2)).transpose(1, 2)
+        return q, k, v.unflatten(-1, (h_kv, 2 * d)).transpose(1, 2)
 
     def flops(self, seq_len: int) -> int:
         """Projections plus Eq. 1 as the math form computes it: Q K^T for 2h sub-heads of width d and one

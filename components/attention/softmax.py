@@ -10,6 +10,7 @@ from torch import nn
 from ablate.errors import UserError
 from ablate.registry import build, register
 from components.attention import backends
+from components.attention.head_norm import head_rms_norm
 from components.norm import RMSNorm
 
 KEY = "model.attention"
@@ -75,16 +76,27 @@ class SoftmaxAttention(nn.Module):
         """x (B,N,d_model) -> (B,N,d_model); with `return_weights` also the maps (B,H,N,N), computed by
         the math backend whatever `backend` is (the fused kernels never form them)."""
         batch, n, _ = x.shape
-        q = self.q_proj(x).view(batch, n, self.n_heads, self.head_width).transpose(1, 2)
-        k = self.k_proj(x).view(batch, n, self.n_kv_heads, self.head_width).transpose(1, 2)
-        v = self.v_proj(x).view(batch, n, self.n_kv_heads, self.head_width).transpose(1, 2)
-        q, k = self.position(q), self.position(k)
+        q, k, v = self.project(x)
         result = backends.attend(q, k, v, backend=self.backend, return_weights=return_weights)
         out, weights = result if return_weights else (result, None)
         if self.subln is not None:
-            out = self.subln(out)
+            out = head_rms_norm(out, self.subln.weight, self.subln.eps)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, n, self.n_heads * self.head_width))
         return (out, weights) if return_weights else out
+
+    def resolved_backend(self, device: torch.device, dtype: torch.dtype) -> str:
+        """The attention core that runs for inputs on `device` of `dtype`."""
+        return backends.resolve(self.backend, device, dtype)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B,H,N,w) and k (B,H_kv,N,w), rotated, and v (B,H_kv,N,w): one GEMM against the three weights
+        concatenated (the parameters stay separate), one position call for Q and K; views, no copies."""
+        heads, kv, width = self.n_heads, self.n_kv_heads, self.head_width
+        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        y = nn.functional.linear(x, weight).unflatten(-1, (heads + 2 * kv, width)).transpose(1, 2)
+        qk, v = y.split([heads + kv, kv], dim=1)  # split, not slices: backward is one cat, not zeros + adds
+        q, k = self.position(qk).split([heads, kv], dim=1)
+        return q, k, v
 
     def flops(self, seq_len: int) -> int:
         """Projections plus the dense causal maps (Q K^T and A V counted over all N x N entries)."""

@@ -67,7 +67,7 @@ def test_unknown_backend():
         backends.check_backend("flsh_attn")
 
 
-@pytest.mark.parametrize("backend", ["math", "sdpa", "flash_attn", "auto"])
+@pytest.mark.parametrize("backend", ["math", "sdpa", "sdpa_padded", "blockwise", "flash_attn", "auto"])
 @pytest.mark.parametrize("kv_heads", [6, 2, 1])
 def test_attend(fake_flash, backend, kv_heads):
     torch.manual_seed(0)
@@ -79,7 +79,7 @@ def test_attend(fake_flash, backend, kv_heads):
     assert len(fake_flash) == (backend == "flash_attn")
 
 
-@pytest.mark.parametrize("backend", ["math", "sdpa", "flash_attn", "auto"])
+@pytest.mark.parametrize("backend", ["math", "sdpa", "sdpa_padded", "blockwise", "flash_attn", "auto"])
 @pytest.mark.parametrize("kv_heads", [3, 1])
 def test_diff_attend(fake_flash, backend, kv_heads):
     """Eq. 1 with Q1 of head i against K1 of group i // (h / h_kv), Q2 against K2 of that group."""
@@ -131,6 +131,24 @@ def test_sdpa_runs_the_fused_cpu_kernel(kind, n_kv_heads):
     assert MATH not in ops, ops
     assert ops.get(FUSED_CPU) == (2 if kind == "diff" else 1)  # diff: one call per V half
     assert ops.get(FUSED_CPU + "_backward") == ops[FUSED_CPU]
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2], ids=["mha", "gqa"])
+def test_sdpa_padded_runs_one_fused_call_for_both_maps(n_kv_heads):
+    """Q and K zero-padded to V's width 2d: one fused CPU call (not the math kernel) per diff layer."""
+    module = build(
+        "attention",
+        {"name": "diff", "n_kv_heads": n_kv_heads},
+        d_model=64,
+        head_dim=8,
+        layer_idx=0,
+        n_layers=1,
+        backend="sdpa_padded",
+    )
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    ops = sdpa_ops(lambda: module(x).sum().backward())
+    assert MATH not in ops, ops
+    assert ops.get(FUSED_CPU) == 1 and ops.get(FUSED_CPU + "_backward") == 1
 
 
 def test_core_shape_errors():
