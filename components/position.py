@@ -43,21 +43,47 @@ class RoPE(nn.Module):
                 angles = angles.repeat_interleave(2, dim=-1)
             else:  # pair (i, i + hd/2) turns by angle i
                 angles = torch.cat([angles, angles], dim=-1)
-            self._cache[key] = (angles.cos().to(dtype), angles.sin().to(dtype))
+            # The sine of the first of each pair negated: rotating is x * cos + swap(x) * signed_sin.
+            signed_sin = angles.sin()
+            if self.style == "interleaved":
+                signed_sin.unflatten(-1, (-1, 2))[..., 0].neg_()
+            else:
+                signed_sin[:, : self.head_dim // 2].neg_()
+            self._cache[key] = (angles.cos().to(dtype), signed_sin.to(dtype))
         return self._cache[key]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cos, sin = self._cos_sin(x.shape[-2], x.device, x.dtype)
-        if self.style == "interleaved":
-            pairs = x.unflatten(-1, (-1, 2))
-            rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
-        else:
-            first, second = x.chunk(2, dim=-1)
-            rotated = torch.cat([-second, first], dim=-1)
-        return x * cos + rotated * sin
+        cos, signed_sin = self._cos_sin(x.shape[-2], x.device, x.dtype)
+        return _Rotate.apply(x, cos, signed_sin, self.style)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, theta={self.theta}, style={self.style!r}"
+
+
+def _swap(x: torch.Tensor, style: str) -> torch.Tensor:
+    """Each rotation pair's two members exchanged (a copy): (2i, 2i+1) or (i, i + d/2)."""
+    if style == "interleaved":
+        return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([second, first], dim=-1)
+
+
+class _Rotate(torch.autograd.Function):
+    """y = x cos + swap(x) s, with s the sine whose first pair member is negated. A rotation's gradient
+    is the opposite rotation, dx = g cos - swap(g) s (swap(s) = -s), so nothing is saved for backward
+    and both directions take three passes (autograd's chain of neg, stack, two products and a sum:
+    about twice as many)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, signed_sin, style):
+        ctx.save_for_backward(cos, signed_sin)  # constants of the cache, not activations
+        ctx.style = style
+        return torch.addcmul(x * cos, _swap(x, style), signed_sin)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, signed_sin = ctx.saved_tensors
+        return torch.addcmul(grad * cos, _swap(grad, ctx.style), signed_sin, value=-1), None, None, None
 
 
 @register("position", "none")

@@ -16,9 +16,8 @@ from torch import nn
 from ablate.errors import UserError
 from ablate.registry import build, register
 from components.attention import backends
-from components.attention.head_norm import head_rms_norm
 from components.attention.softmax import KEY, kv_heads
-from components.norm import RMSNorm
+from components.norm import RMSNorm, rms_norm
 
 LAMBDAS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
 
@@ -107,7 +106,7 @@ class DiffAttention(nn.Module):
         )
         out, weights = result if return_weights else (result, None)  # (B,h,N,2d)
         if self.subln is not None:  # Eq. 3, times the fixed (1 - λ_init)
-            out = head_rms_norm(out, self.subln.weight, self.subln.eps, 1 - self.lambda_init)
+            out = rms_norm(out, self.subln.weight, self.subln.eps, 1 - self.lambda_init)
         else:
             out = out * (1 - self.lambda_init)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, n, self.n_heads * 2 * self.head_dim))
@@ -116,21 +115,16 @@ class DiffAttention(nn.Module):
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B,2,h,N,d) = [Q1, Q2] and k (B,2,h_kv,N,d) = [K1, K2], rotated; v (B,h_kv,N,2d).
 
-        One GEMM against the three weights concatenated (the parameters stay the reference's), one
-        position call for Q and K together; the results are views of that GEMM's output (or of the
-        rotation's), so nothing is copied to pair the sub-heads.
+        RoPE turns every sub-head; the pairs are then views (sub-head 2i + c is map c of head i), so
+        nothing is copied to pair them. Three GEMMs: one against the weights concatenated measured no
+        faster (the concatenation and its cast cost what the wider GEMM saves; benchmarks/NOTES.md).
         """
         batch, n, _ = x.shape
         d, h, h_kv = self.head_dim, self.n_heads, self.n_kv_heads
-        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        y = nn.functional.linear(x, weight)  # (B,N,(2h + 2h_kv) d + h_kv 2d)
-        # split, not slices: the backward of a split is one cat, that of slices is zeros and adds
-        qk, v = y.split([2 * (h + h_kv) * d, 2 * h_kv * d], dim=-1)
-        qk = self.position(qk.unflatten(-1, (2 * (h + h_kv), d)).transpose(1, 2))  # every sub-head
-        q, k = qk.split([2 * h, 2 * h_kv], dim=1)
-        q = q.unflatten(1, (h, 2)).transpose(1, 2)  # sub-head 2i + c -> map c, head i
-        k = k.unflatten(1, (h_kv, 2)).transpose(1, 2)
-        return q, k, v.unflatten(-1, (h_kv, 2 * d)).transpose(1, 2)
+        q = self.position(self.q_proj(x).view(batch, n, 2 * h, d).transpose(1, 2))
+        k = self.position(self.k_proj(x).view(batch, n, 2 * h_kv, d).transpose(1, 2))
+        v = self.v_proj(x).view(batch, n, h_kv, 2 * d).transpose(1, 2)
+        return q.unflatten(1, (h, 2)).transpose(1, 2), k.unflatten(1, (h_kv, 2)).transpose(1, 2), v
 
     def flops(self, seq_len: int) -> int:
         """Projections plus Eq. 1 as the math form computes it: Q K^T for 2h sub-heads of width d and one

@@ -10,8 +10,7 @@ from torch import nn
 from ablate.errors import UserError
 from ablate.registry import build, register
 from components.attention import backends
-from components.attention.head_norm import head_rms_norm
-from components.norm import RMSNorm
+from components.norm import RMSNorm, rms_norm
 
 KEY = "model.attention"
 
@@ -80,7 +79,7 @@ class SoftmaxAttention(nn.Module):
         result = backends.attend(q, k, v, backend=self.backend, return_weights=return_weights)
         out, weights = result if return_weights else (result, None)
         if self.subln is not None:
-            out = head_rms_norm(out, self.subln.weight, self.subln.eps)
+            out = rms_norm(out, self.subln.weight, self.subln.eps)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, n, self.n_heads * self.head_width))
         return (out, weights) if return_weights else out
 
@@ -89,14 +88,12 @@ class SoftmaxAttention(nn.Module):
         return backends.resolve(self.backend, device, dtype)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (B,H,N,w) and k (B,H_kv,N,w), rotated, and v (B,H_kv,N,w): one GEMM against the three weights
-        concatenated (the parameters stay separate), one position call for Q and K; views, no copies."""
+        """q (B,H,N,w) and k (B,H_kv,N,w), rotated, and v (B,H_kv,N,w) (views of the projections)."""
+        batch, n, _ = x.shape
         heads, kv, width = self.n_heads, self.n_kv_heads, self.head_width
-        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        y = nn.functional.linear(x, weight).unflatten(-1, (heads + 2 * kv, width)).transpose(1, 2)
-        qk, v = y.split([heads + kv, kv], dim=1)  # split, not slices: backward is one cat, not zeros + adds
-        q, k = self.position(qk).split([heads, kv], dim=1)
-        return q, k, v
+        q = self.position(self.q_proj(x).view(batch, n, heads, width).transpose(1, 2))
+        k = self.position(self.k_proj(x).view(batch, n, kv, width).transpose(1, 2))
+        return q, k, self.v_proj(x).view(batch, n, kv, width).transpose(1, 2)
 
     def flops(self, seq_len: int) -> int:
         """Projections plus the dense causal maps (Q K^T and A V counted over all N x N entries)."""
