@@ -111,6 +111,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which parameter count N is (default non_embedding, Kaplan et al.)")
     p.set_defaults(func=cmd_fit, takes_overrides=True)
 
+    p = verbs.add_parser("bench", help="training/forward throughput, peak memory and MFU per variant and sequence length")
+    p.add_argument("recipe", nargs="?", default="recipes/table6.yaml", help="recipe YAML (default recipes/table6.yaml)")
+    p.add_argument("--scale", default="small", help="scale preset (default small: d_model 768, 12 layers)")
+    p.add_argument("--variants", nargs="+", default=["transformer", "diff"],
+                   help="variants to time; ratios are against the first (default transformer diff)")
+    p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is reported (default 3)")
+    p.add_argument("--tokens-per-step", type=int, default=4096,
+                   help="tokens per step: max(1, this // seq_len) sequences (default 4096)")
+    p.add_argument("--batch-size", type=int, default=None, help="sequences per step, instead of --tokens-per-step")
+    p.add_argument("--backend", default=None, help="attention backend for every variant (default: the recipe's)")
+    p.add_argument("--compile", action="store_true", help="run each model under torch.compile")
+    p.add_argument("--out", default="reports/bench", help="output folder (default reports/bench)")
+    p.set_defaults(func=cmd_bench, takes_overrides=True)
+
     p = verbs.add_parser("prepare", help="tokenize a corpus into shards")
     _recipe_args(p, overrides=False)
     _store_args(p)
@@ -299,6 +314,19 @@ def cmd_fit(args: argparse.Namespace, overrides: list) -> int:
                                  params_count=args.params_count)
     for path in written:
         print(path)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, overrides: list) -> int:
+    from ablate.bench import run_bench
+
+    if args.backend is not None:
+        from components.attention.backends import check_backend
+
+        check_backend(args.backend, key="--backend")
+    run_bench(args.recipe, scale=args.scale, variants=args.variants, seq_lens=args.seq_lens, rounds=args.rounds,
+              out=args.out, batch_size=args.batch_size, tokens_per_step=args.tokens_per_step, overrides=overrides, backend=args.backend,
+              compile=args.compile)
     return 0
 
 

@@ -1,0 +1,548 @@
+"""`ablate bench`: training and forward throughput, peak memory and MFU of a recipe's variants, in one run.
+
+What is measured, per variant and sequence length (the recipe's model at `scale`; each step holds
+`tokens_per_step` tokens, as max(1, tokens_per_step // seq_len) sequences, unless `batch_size` is given:
+equal work per step across lengths, and matrix products as tall as training's micro-batches make them):
+
+- training throughput: forward + backward + AdamW step (fused implementation), bf16 autocast, loss in
+  float32 (as `ablate.train` computes it), tokens/s of wall-clock time.
+- forward throughput: the forward alone under `torch.no_grad()`, bf16 autocast, tokens/s.
+- peak memory: the peak of bytes held by PyTorch's CPU allocator during one training step, above what it
+  held when the step began (parameters and optimizer state are already there; activations, gradients
+  and temporaries are what grows). Counted from the allocator's own records (the profiler's memory
+  events), not from the process RSS, which glibc's caching of freed memory blurs. One extra, untimed
+  step per arm.
+- the machine's matmul peak: large square GEMMs in bf16 and float32, best of every round.
+- MFU: budget FLOPs per token x 3 (training) x training tokens/s / bf16 peak. Budget FLOPs count
+  attention maps dense, as `ablate.budget` does (causal kernels execute about half of them).
+
+Arms are interleaved and repeated: every round times every (variant, seq_len) once, after one untimed
+warm-up each; the tables report the median over rounds. The machine is shared: `bench.md` records the
+load average before and after.
+
+FLOP ceilings: for each variant against the first (the reference), the throughput ratio expected if time
+were proportional to the FLOPs of the whole model, for each way a kernel can run differential attention
+(an attention module lists them in `kernel_forms`: multipliers of its attention core, Eq. 1 as written
+being 1). Given dense (the budget's convention) and causal (masked half skipped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ablate.budget import model_budget
+from ablate.errors import UserError
+from ablate.model import build_model
+from ablate.recipe import load_recipe
+from ablate.registry import closest
+from ablate.tables import markdown_table
+
+COLUMNS = ("variant", "seq_len", "train_tok_s", "fwd_tok_s", "peak_mem_mb", "mfu")
+DISTURBED = 0.05  # share of the machine's CPU used by other processes above which a timing is retaken
+TOKENS_PER_STEP = 4096  # 8 x 512 ... 1 x 4096: the default step
+PEAK_SIZES = {torch.bfloat16: (1024, 2048, 4096), torch.float32: (1024, 2048)}
+
+
+class ForeignCpu:
+    """CPU time other processes used while we ran: /proc/stat's busy time minus our own process time,
+    as a fraction of the machine (all cores) over the wall-clock interval. NaN where /proc is missing."""
+
+    def __init__(self) -> None:
+        self.start = self._snapshot()
+
+    @staticmethod
+    def _snapshot() -> tuple[float, float, float]:
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+            busy = (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError):
+            busy = float("nan")
+        return time.perf_counter(), busy, time.process_time()
+
+    def fraction(self) -> float:
+        wall0, busy0, own0 = self.start
+        wall1, busy1, own1 = self._snapshot()
+        cores = os.cpu_count() or 1
+        return max(0.0, (busy1 - busy0) - (own1 - own0)) / max(1e-9, (wall1 - wall0) * cores)
+
+
+@dataclass
+class Arm:
+    variant: str
+    seq_len: int
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    tokens: torch.Tensor
+    flops_per_token: float  # forward, budget convention
+    train_s: list[float] = field(default_factory=list)
+    opt_s: list[float] = field(default_factory=list)  # the AdamW step inside each training step
+    fwd_s: list[float] = field(default_factory=list)
+    peak_bytes: int = 0
+
+    @property
+    def n_tokens(self) -> int:
+        return self.tokens.shape[0] * self.seq_len
+
+
+def run_bench(
+    recipe_path: str,
+    scale: str = "small",
+    variants: Sequence[str] = ("transformer", "diff"),
+    seq_lens: Sequence[int] = (512, 1024, 2048, 4096),
+    rounds: int = 3,
+    out: str = "reports/bench",
+    batch_size: int | None = None,
+    *,
+    tokens_per_step: int = TOKENS_PER_STEP,
+    overrides: Sequence[tuple[str, Any]] = (),
+    backend: str | None = None,
+    compile: bool = False,
+    tune_malloc: bool = True,
+    retries: int = 2,
+    peak_sizes: dict[torch.dtype, Sequence[int]] | None = None,
+    echo: bool = True,
+) -> Path:
+    """Measure, write `<out>/bench.csv`, `bench.md` and `bench.png`; returns the folder.
+
+    `overrides`: dotted recipe overrides, as the other verbs take them; `backend` overrides every arm's `attention_backend`; `compile` wraps each model in `torch.compile`
+    (as `train.compile` does); `tune_malloc` keeps freed memory in glibc's heap (`tune_glibc_malloc`);
+    `retries`: a measurement during which other processes used more than `DISTURBED` of the CPU is
+    taken again, up to this many times; `peak_sizes` the GEMM sizes timed for the matmul peak.
+    """
+    variants, seq_lens = list(variants), [int(n) for n in seq_lens]
+    checked = [("--rounds", rounds), ("--tokens-per-step", tokens_per_step), *(("--seq-lens", n) for n in seq_lens)]
+    for key, value in checked + ([("--batch-size", batch_size)] if batch_size is not None else []):
+        if value < 1:
+            raise UserError(f"{key}: expected a positive integer, got {value}")
+    if not variants or not seq_lens:
+        raise UserError("--variants and --seq-lens: give at least one each")
+    recipe = load_recipe(recipe_path, list(overrides))
+    for key in variants:
+        if key not in recipe.variants:
+            raise UserError(
+                f"--variants: unknown variant {key!r}{closest(key, recipe.variants)}; "
+                f"variants of {recipe.name}: {', '.join(recipe.variants)}"
+            )
+    runs: dict[str, Any] = {}
+    for run in recipe.resolve(scale, seeds=[0], variants=variants):
+        runs.setdefault(run.variant, run)  # a recipe with a sizes axis: its first size
+    malloc = tune_glibc_malloc() if tune_malloc else "glibc malloc defaults"
+    load_before = os.getloadavg()
+    foreign = ForeignCpu()
+    configs = {}
+    for variant in variants:
+        config = dict(runs[variant].config["model"])
+        if backend is not None:
+            config["attention_backend"] = backend
+        configs[variant] = config
+
+    arms, models = [], {}
+    for variant in variants:  # one model and optimizer per variant, shared by its sequence lengths
+        model = build_model(configs[variant], seed=0)
+        decay = [p for p in model.parameters() if p.ndim >= 2]
+        rest = [p for p in model.parameters() if p.ndim < 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0}],
+            lr=1e-5,  # tiny: the weights barely move, so every round times the same model
+            fused=True,
+        )
+        runnable = torch.compile(model) if compile else model
+        models[variant] = (model, runnable, optimizer)
+    generator = torch.Generator().manual_seed(0)
+    for n in seq_lens:
+        for variant in variants:
+            model, runnable, optimizer = models[variant]
+            vocab = configs[variant]["vocab_size"]
+            batch = batch_size or max(1, tokens_per_step // n)
+            tokens = torch.randint(0, vocab, (batch, n + 1), generator=generator)
+            flops = model_budget(configs[variant], n).fwd_flops_per_token
+            arms.append(Arm(variant, n, runnable, optimizer, tokens, flops))
+
+    for arm in arms:  # warm-up: allocator, kernels' first calls (and compilation)
+        _train_step(arm)
+        _forward(arm)
+    peaks: dict[torch.dtype, float] = {}
+    repeated = 0
+    for _ in range(rounds):
+        for dtype, sizes in (peak_sizes or PEAK_SIZES).items():
+            peaks[dtype] = max(peaks.get(dtype, 0.0), matmul_peak(dtype, sizes))
+        for arm in arms:
+            (total, optimizer), again = undisturbed(lambda a=arm: _train_step(a), retries)
+            arm.train_s.append(total)
+            arm.opt_s.append(optimizer)
+            fwd, again_fwd = undisturbed(lambda a=arm: _timed(_forward, a), retries)
+            arm.fwd_s.append(fwd)
+            repeated += again + again_fwd
+    for arm in arms:
+        arm.peak_bytes = _peak_step_bytes(arm)
+    load_after = os.getloadavg()
+    foreign_share = foreign.fraction()
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = _rows(arms, peaks[torch.bfloat16])
+    _write_csv(rows, folder / "bench.csv")
+    ceilings = {
+        v: {n: flop_ceilings(configs[variants[0]], configs[v], n) for n in seq_lens} for v in variants[1:]
+    }
+    backends_used = {v: _backends(models[v][0]) for v in variants}
+    text = _markdown(
+        recipe.name,
+        scale,
+        f"{batch_size} sequences per step" if batch_size else f"{tokens_per_step} tokens per step",
+        rows,
+        peaks,
+        ceilings,
+        backends_used,
+        rounds,
+        compile,
+        (load_before, load_after),
+        malloc,
+        (foreign_share, repeated),
+    )
+    (folder / "bench.md").write_text(text)
+    _plot(rows, variants, ceilings, folder / "bench.png")
+    if echo:
+        print(text)
+    return folder
+
+
+# --- measurements ------------------------------------------------------------------------------------
+
+
+def _train_step(arm: Arm) -> tuple[float, float]:
+    """One training step; returns (seconds of the whole step, seconds of its optimizer step)."""
+    start = time.perf_counter()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = arm.model(arm.tokens[:, :-1])
+    loss = F.cross_entropy(logits.float().flatten(0, 1), arm.tokens[:, 1:].flatten())
+    loss.backward()
+    middle = time.perf_counter()
+    arm.optimizer.step()
+    arm.optimizer.zero_grad(set_to_none=True)
+    end = time.perf_counter()
+    return end - start, end - middle
+
+
+def _forward(arm: Arm) -> None:
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        arm.model(arm.tokens[:, :-1])
+
+
+def undisturbed(measure, retries: int):
+    """`measure()`, repeated (up to `retries` times) while other processes took more than `DISTURBED` of
+    the CPU during it: with two cores, one busy neighbour stalls every OpenMP barrier. Returns the last
+    result and how many times it was repeated."""
+    repeats = -1
+    while True:
+        foreign = ForeignCpu()
+        result = measure()
+        repeats += 1
+        if foreign.fraction() <= DISTURBED or repeats >= retries:
+            return result, repeats
+
+
+def _timed(step, arm: Arm) -> float:
+    start = time.perf_counter()
+    step(arm)
+    return time.perf_counter() - start
+
+
+def _peak_step_bytes(arm: Arm) -> int:
+    """Peak growth of the CPU allocator's live bytes during one training step (its memory events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        _train_step(arm)
+    events = sorted(
+        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+    )
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """File descriptor 2 to /dev/null meanwhile: the profiler's native code prints start/stop lines there
+    (torch 2.13) that no setting turns off."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def tune_glibc_malloc() -> str:
+    """Keep freed memory in glibc's heap instead of returning it to the OS (mmap threshold 1 GiB, trim
+    threshold 2 GiB). With the defaults every step unmaps its large activations and faults them in again
+    (measured: 0-100K minor faults and 0-0.6 s of system time per 1.3 s step, varying step to step),
+    which is both slower and the main source of noise between rounds. Process-wide; returns what was set."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+        ok = libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, (1 << 31) - 1)
+    except (OSError, AttributeError):
+        ok = 0
+    return "glibc malloc: mmap threshold 1 GiB, trim threshold 2 GiB" if ok else "malloc not tuned (no glibc)"
+
+
+def matmul_peak(dtype: torch.dtype, sizes: Sequence[int], seconds: float = 0.25) -> float:
+    """Best FLOP/s of square `dtype` GEMMs of the given sizes (each timed for about `seconds`)."""
+    best = 0.0
+    for size in sizes:
+        a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+        torch.mm(a, b)  # warm-up
+        reps, elapsed = 0, 0.0
+        start = time.perf_counter()
+        while elapsed < seconds or reps < 2:
+            torch.mm(a, b)
+            reps += 1
+            elapsed = time.perf_counter() - start
+        best = max(best, 2 * size**3 * reps / elapsed)
+    return best
+
+
+# --- FLOP ceilings -------------------------------------------------------------------------------------
+
+
+def flop_ceilings(
+    reference: dict[str, Any], variant: dict[str, Any], seq_len: int
+) -> dict[str, tuple[float, float]]:
+    """{kernel form: (dense, causal)} expected throughput ratio variant / reference if time were
+    proportional to the FLOPs executed (whole model, forward; training is 3x both, the ratio is the same)."""
+    ref_total, ref_core = _flops_and_core(reference, seq_len)
+    total, core = _flops_and_core(variant, seq_len)
+    forms = _kernel_forms(variant)
+    result = {}
+    for form, multiplier in forms.items():
+        dense = total + (multiplier - 1) * core
+        causal = dense - multiplier * core / 2
+        result[form] = (ref_total / dense, (ref_total - ref_core / 2) / causal)
+    return result
+
+
+def _flops_and_core(config: dict[str, Any], n: int) -> tuple[float, float]:
+    """Forward FLOPs of one sequence and the part of them in attention maps (the n^2 terms)."""
+    model = build_model(config, device="meta")
+    core = 0.0
+    for block in model.blocks:
+        attn = block.attention
+        core += (attn.flops(2 * n) - 2 * attn.flops(n)) / 2  # flops(n) = a n + c n^2 -> c n^2
+    return float(model.flops(n)), core
+
+
+def _kernel_forms(config: dict[str, Any]) -> dict[str, float]:
+    model = build_model(config, device="meta")
+    return dict(getattr(model.blocks[0].attention, "kernel_forms", {"as counted": 1.0}))
+
+
+def _backends(model: torch.nn.Module) -> str:
+    attn = model.blocks[0].attention
+    resolve = getattr(attn, "resolved_backend", None)
+    return resolve(torch.device("cpu"), torch.bfloat16) if resolve else str(getattr(attn, "backend", "?"))
+
+
+# --- output --------------------------------------------------------------------------------------------
+
+
+def _rows(arms: list[Arm], bf16_peak: float) -> list[dict[str, Any]]:
+    rows = []
+    for arm in arms:
+        train = arm.n_tokens / statistics.median(arm.train_s)
+        fwd = arm.n_tokens / statistics.median(arm.fwd_s)
+        rows.append(
+            {
+                "variant": arm.variant,
+                "seq_len": arm.seq_len,
+                "batch": arm.tokens.shape[0],
+                "train_tok_s": train,
+                "fwd_tok_s": fwd,
+                "peak_mem_mb": arm.peak_bytes / 2**20,
+                "mfu": 3 * arm.flops_per_token * train / bf16_peak,
+                "train_range": (arm.n_tokens / max(arm.train_s), arm.n_tokens / min(arm.train_s)),
+                "opt_share": statistics.median(arm.opt_s) / statistics.median(arm.train_s),
+            }
+        )
+    return rows
+
+
+def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    lines = [",".join(COLUMNS)]
+    for r in rows:
+        lines.append(
+            f"{r['variant']},{r['seq_len']},{r['train_tok_s']:.2f},{r['fwd_tok_s']:.2f},"
+            f"{r['peak_mem_mb']:.1f},{r['mfu']:.4f}"
+        )
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _markdown(
+    recipe, scale, batch, rows, peaks, ceilings, backends_used, rounds, compiled, loads, malloc, foreign
+) -> str:
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    seq_lens = list(dict.fromkeys(r["seq_len"] for r in rows))
+    by = {(r["variant"], r["seq_len"]): r for r in rows}
+    cpu = _cpu_name()
+    lines = [
+        f"# ablate bench: {recipe}, scale {scale}",
+        "",
+        f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}; {batch}; bf16 autocast; "
+        f"median of {rounds} interleaved rounds{'; torch.compile' if compiled else ''}; {malloc}. "
+        f"Load average before {loads[0][0]:.2f}, after {loads[1][0]:.2f} (1 min, this run included); "
+        f"other processes used {foreign[0]:.1%} of the machine's CPU during the run; {foreign[1]} "
+        f"timings taken again because others used more than {DISTURBED:.0%} of it meanwhile.",
+        "",
+        f"Matmul peak (square GEMMs, best of the run): bf16 {peaks[torch.bfloat16] / 1e12:.3f} TFLOP/s, "
+        f"float32 {peaks[torch.float32] / 1e12:.3f} TFLOP/s.",
+        "Attention kernel per variant: " + ", ".join(f"{v} `{b}`" for v, b in backends_used.items()) + ".",
+        "",
+        markdown_table(
+            [
+                "variant",
+                "seq_len",
+                "batch",
+                "train tok/s",
+                "(min-max)",
+                "of which AdamW",
+                "fwd tok/s",
+                "peak MB",
+                "MFU",
+            ],
+            [
+                [
+                    r["variant"],
+                    r["seq_len"],
+                    r["batch"],
+                    f"{r['train_tok_s']:.0f}",
+                    "{:.0f}-{:.0f}".format(*r["train_range"]),
+                    f"{r['opt_share']:.1%}",
+                    f"{r['fwd_tok_s']:.0f}",
+                    f"{r['peak_mem_mb']:.0f}",
+                    f"{r['mfu']:.1%}",
+                ]
+                for r in rows
+            ],
+            align="llrrrrrrr",
+        ),
+    ]
+    reference = variants[0]
+    for variant in variants[1:]:
+        forms = list(ceilings[variant][seq_lens[0]])
+        headers = ["seq_len", "train", "fwd", "peak mem"] + [f"ceiling: {f}" for f in forms]
+        table = []
+        for n in seq_lens:
+            a, b = by[(variant, n)], by[(reference, n)]
+            table.append(
+                [
+                    n,
+                    f"{a['train_tok_s'] / b['train_tok_s']:.3f}",
+                    f"{a['fwd_tok_s'] / b['fwd_tok_s']:.3f}",
+                    f"{a['peak_mem_mb'] / b['peak_mem_mb']:.3f}",
+                ]
+                + [f"{d:.3f} ({c:.3f})" for d, c in (ceilings[variant][n][f] for f in forms)]
+            )
+        lines += [
+            "",
+            f"## {variant} / {reference}",
+            "",
+            markdown_table(headers, table, align="r" * len(headers)),
+            "",
+            "Ceilings: the throughput ratio if time were proportional to the FLOPs of the whole model under "
+            "each kernel form, maps counted dense (in brackets: causal, the masked half skipped).",
+        ]
+    lines += [
+        "",
+        "Columns: training = forward + backward + AdamW (fused) step, the AdamW share of its time given "
+        "(training proper amortises it over gradient accumulation); fwd = forward without grad; peak MB = "
+        "peak growth of PyTorch's CPU allocator during a training step (activations, gradients, "
+        "temporaries; parameters and optimizer state excluded); MFU = budget FLOPs x 3 x train tok/s / "
+        "bf16 peak, maps counted dense.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "CPU"
+
+
+def _plot(
+    rows: list[dict[str, Any]],
+    variants: list[str],
+    ceilings: dict[str, dict[int, dict[str, tuple[float, float]]]],
+    path: Path,
+) -> Path:
+    """Throughputs and memory per variant, and each variant's training ratio to the first beside its
+    FLOP ceilings (dense)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(16, 3.9), dpi=110)
+    FigureCanvasAgg(fig)
+    panels = [
+        ("train_tok_s", "training tokens/s"),
+        ("fwd_tok_s", "forward tokens/s"),
+        ("peak_mem_mb", "peak MB (growth in a training step)"),
+    ]
+    series = {v: sorted((r["seq_len"], r) for r in rows if r["variant"] == v) for v in variants}
+    for i, (key, label) in enumerate(panels):
+        ax = fig.add_subplot(1, 4, i + 1)
+        for variant in variants:
+            ax.plot(
+                [n for n, _ in series[variant]],
+                [r[key] for _, r in series[variant]],
+                marker="o",
+                label=variant,
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if i == 0:
+            ax.legend()
+    ax = fig.add_subplot(1, 4, 4)
+    reference = dict(series[variants[0]])
+    for variant in variants[1:]:
+        lens = [n for n, _ in series[variant]]
+        ratio = [r["train_tok_s"] / reference[n]["train_tok_s"] for n, r in series[variant]]
+        ax.plot(lens, ratio, marker="o", label=f"{variant} / {variants[0]} (training)")
+        for form in ceilings[variant][lens[0]]:
+            ax.plot(
+                lens, [ceilings[variant][n][form][0] for n in lens], linestyle="--", label=f"ceiling: {form}"
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel("throughput ratio")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
