@@ -523,6 +523,7 @@ def _plot(
                 label=variant,
             )
         ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 1.1 * max(r[key] for r in rows))  # from zero: a 3% difference should look like one
         ax.set_xlabel("sequence length")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
