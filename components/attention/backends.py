@@ -10,7 +10,8 @@
 - `flash_attn`: flash-attn's `flash_attn_func` (CUDA, fp16/bf16), reached only through `flash_attn_func()`,
   the one seam a CPU stand-in replaces in tests.
 - `auto`: `flash_attn` for fp16/bf16 CUDA tensors when flash-attn imports; otherwise `sdpa`, except for
-  differential attention on CPU, where `blockwise` is the fastest (benchmarks/NOTES.md).
+  differential attention on CPU: `blockwise`, or `sdpa_padded` for float32 sub-heads under 64 wide
+  (the fastest of each case measured, benchmarks/NOTES.md).
 
 Tensors are (batch, heads, seq, width). Keys and values may have fewer heads than queries (grouped-query
 attention): query head i reads kv head i // (H / H_kv), the convention of flash-attn and SDPA.
@@ -55,9 +56,11 @@ def check_backend(name: str, *, key: str = "backend") -> str:
     return name
 
 
-def resolve(name: str, device: torch.device, dtype: torch.dtype, *, diff: bool = False) -> str:
+def resolve(
+    name: str, device: torch.device, dtype: torch.dtype, *, diff: bool = False, head_dim: int = 64
+) -> str:
     """The concrete backend `name` means for tensors on `device` of `dtype` (only `auto` depends on them;
-    `diff`: for differential attention)."""
+    `diff`: for differential attention with sub-heads `head_dim` wide)."""
     if name != "auto":
         return name
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
@@ -67,9 +70,10 @@ def resolve(name: str, device: torch.device, dtype: torch.dtype, *, diff: bool =
         except UserError:
             pass
     if diff and device.type == "cpu":
-        # Padded SDPA forward, backward in query blocks with one (A1 - λ A2) V product: the fastest of the
-        # diff paths measured on CPU; softmax attention gains nothing from it (benchmarks/NOTES.md).
-        return "blockwise"
+        # Measured on CPU (benchmarks/NOTES.md, "auto on CPU"): the blockwise backward's GEMMs win in bf16
+        # and for float32 sub-heads of 64; thinner float32 sub-heads run faster in SDPA's padded kernel.
+        # Softmax attention gains nothing from the blockwise backward.
+        return "sdpa_padded" if dtype == torch.float32 and head_dim < 64 else "blockwise"
     return "sdpa"
 
 
@@ -141,7 +145,7 @@ def diff_attend_maps(
     _check_groups(q1, k1, v, v_width=2 * q1.shape[-1])
     if q.shape[1] != 2 or k.shape[1] != 2:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must stack two maps on dim 1")
-    name = resolve(backend, q.device, q.dtype, diff=True)
+    name = resolve(backend, q.device, q.dtype, diff=True, head_dim=q.shape[-1])
     if return_weights or name == "math":
         a1, a2 = _maps(q1, k1), _maps(q[:, 1], k[:, 1])  # float32 (B,G,R,N,N)
         # One product with V, so the FLOPs are a Transformer's with 2h heads of width d.

@@ -86,7 +86,7 @@ class DiffAttention(nn.Module):
 
     def resolved_backend(self, device: torch.device, dtype: torch.dtype) -> str:
         """The attention core that runs for inputs on `device` of `dtype`."""
-        return backends.resolve(self.backend, device, dtype, diff=True)
+        return backends.resolve(self.backend, device, dtype, diff=True, head_dim=self.head_dim)
 
     def lambda_value(self) -> torch.Tensor:
         """λ = exp(λq1·λk1) - exp(λq2·λk2) + λ_init (Eq. 2), a float32 0-dim tensor (with its graph)."""

@@ -157,19 +157,27 @@ def test_no_n_by_n_map_is_kept_for_backward(backend):
         assert max(saved) < one_map // 4, (max(saved), one_map)
 
 
-def test_auto_picks_blockwise_for_diff_on_cpu(fake_flash, monkeypatch):
+def test_auto_on_cpu_picks_what_measured_fastest(fake_flash, monkeypatch):
+    """Diff on CPU: blockwise in bf16 and for float32 sub-heads of 64, sdpa_padded for thinner float32
+    sub-heads (benchmarks/NOTES.md); softmax attention: SDPA; CUDA: flash-attn for half precision."""
     cpu = torch.device("cpu")
+    assert backends.resolve("auto", cpu, torch.bfloat16, diff=True, head_dim=16) == "blockwise"
+    assert backends.resolve("auto", cpu, torch.bfloat16, diff=True, head_dim=64) == "blockwise"
+    assert backends.resolve("auto", cpu, torch.float32, diff=True, head_dim=64) == "blockwise"
+    assert backends.resolve("auto", cpu, torch.float32, diff=True, head_dim=16) == "sdpa_padded"
     for dtype in (torch.bfloat16, torch.float32):
-        assert backends.resolve("auto", cpu, dtype, diff=True) == "blockwise"
         assert backends.resolve("auto", cpu, dtype) == "sdpa"  # softmax attention: SDPA's kernel is faster
     assert backends.resolve("auto", CUDA, torch.bfloat16, diff=True) == "flash_attn"
     assert backends.resolve("auto", CUDA, torch.float32, diff=True) == "sdpa"
     monkeypatch.setitem(sys.modules, "flash_attn", None)
     assert backends.resolve("auto", CUDA, torch.bfloat16, diff=True) == "sdpa"
     for name in ("math", "sdpa", "sdpa_padded", "blockwise", "flash_attn"):
-        assert backends.resolve(name, cpu, torch.bfloat16, diff=True) == name
+        assert backends.resolve(name, cpu, torch.float32, diff=True, head_dim=16) == name
     module = build("attention", {"name": "diff"}, d_model=32, head_dim=4)
     assert module.resolved_backend(cpu, torch.bfloat16) == "blockwise"
+    assert module.resolved_backend(cpu, torch.float32) == "sdpa_padded"
+    wide = build("attention", {"name": "diff"}, d_model=256, head_dim=64)
+    assert wide.resolved_backend(cpu, torch.float32) == "blockwise"
     assert (
         build("attention", "softmax", d_model=32, head_dim=4).resolved_backend(cpu, torch.bfloat16) == "sdpa"
     )
