@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ablate.allocator import tune_glibc_malloc
 from ablate.budget import model_budget
 from ablate.errors import UserError
 from ablate.model import build_model
@@ -289,24 +290,6 @@ def _native_stderr_silenced():
     finally:
         os.dup2(saved, 2)
         os.close(saved)
-
-
-def tune_glibc_malloc() -> str:
-    """Keep freed memory in glibc's heap instead of returning it to the OS (mmap threshold 1 GiB, trim
-    threshold 2 GiB). With the defaults every step unmaps its large activations and faults them in again
-    (measured: 0-100K minor faults and 0-0.6 s of system time per 1.3 s step, varying step to step),
-    which is both slower and the main source of noise between rounds. Process-wide; returns what was set."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-        ok = libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, (1 << 31) - 1)
-    except (OSError, AttributeError):
-        ok = 0
-    return "glibc malloc: mmap threshold 1 GiB, trim threshold 2 GiB" if ok else "malloc not tuned (no glibc)"
 
 
 def matmul_peak(dtype: torch.dtype, sizes: Sequence[int], seconds: float = 0.25) -> float:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ablate import tracking
+from ablate.allocator import tune_glibc_malloc
 from ablate.config import TrainConfig
 from ablate.errors import UserError
 from ablate.metrics import SUM_KEYS, ar_hit_mask, sliced_loss_sums
@@ -275,6 +276,7 @@ def _fit(run: RunSpec, cfg: TrainConfig, tokens: Any, folder: Path, sink: Callab
     from ablate.data import TrainBatches, ValBatches
 
     quiet_lightning()
+    tune_glibc_malloc()  # ~8-10% faster steps: activations are not unmapped and faulted in every step
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
     model = build_model(run.config["model"], seed=run.seed)

@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ablate.bench import ForeignCpu, tune_glibc_malloc, undisturbed
+from ablate.allocator import tune_glibc_malloc
+from ablate.bench import ForeignCpu, undisturbed
 from ablate.model import build_model
 from ablate.recipe import load_recipe
 from components.attention import backends
