@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, run_cli
 
 from ablate.bench import COLUMNS, flop_ceilings, run_bench
 from ablate.recipe import load_recipe

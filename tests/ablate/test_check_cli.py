@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, run_cli
 from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.budget import model_budget

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, run_cli
 
 from ablate.config import deep_merge, set_dotted
 from ablate.errors import UserError

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, run_cli
 from torch import nn
 
 from ablate import registry

@@ -1,69 +1,13 @@
-"""A miniature recipe and corpus, so real Trainers, Optuna studies and MLflow stores run in seconds."""
+"""The e2e fixtures (helpers: e2e_helpers.py)."""
 
 from __future__ import annotations
 
-import copy
-import os
-import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
-
-MINI = {
-    "name": "mini",
-    "seeds": [0],
-    "base": {
-        "model": {"vocab_size": 260, "d_model": 32, "n_layers": 2, "head_dim": 8, "attention": {"name": "softmax"},
-                  "attention_backend": "sdpa"},
-        "train": {"seq_len": 32, "batch_tokens": 256, "micro_batch_size": 4, "steps": 8, "lr": 3.0e-3,
-                  "warmup_steps": 2, "val_every": 4, "val_batches": 2, "log_every": 1, "precision": "32-true"},
-        "data": {"source": "CORPUS", "tokenizer": "byte", "val_fraction": 0.2},
-    },
-    "variants": {
-        "transformer": {"label": "Transformer", "model": {"attention": {"name": "softmax"}}},
-        "diff": {"label": "Diff Transformer", "model": {"attention": {"name": "diff"}}},
-    },
-}
-
-
-def write_corpus(folder: Path, n_docs: int = 30, seed: int = 0) -> Path:
-    """Documents of words from a small vocabulary with repeats, so a model can learn something."""
-    rng = random.Random(seed)
-    words = [f"w{i}" for i in range(60)] + ["def", "return", "self", "(", ")", ":", "\n"]
-    folder.mkdir(parents=True, exist_ok=True)
-    for d in range(n_docs):
-        text = " ".join(rng.choice(words[: 20 + d % 40]) for _ in range(400))
-        (folder / f"doc{d:03d}.txt").write_text(text)
-    return folder
-
-
-def write_recipe(tmp_path: Path, **changes) -> Path:
-    recipe = copy.deepcopy(MINI)  # keeps the variants' order: the first is the reference row
-    recipe["base"]["data"]["source"] = str(write_corpus(tmp_path / "corpus"))
-    for dotted, value in changes.items():
-        node = recipe
-        *parents, last = dotted.split("__")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    path = tmp_path / "mini.yaml"
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    return path
+from e2e_helpers import write_recipe
 
 
 @pytest.fixture
 def mini_recipe(tmp_path: Path) -> Path:
     return write_recipe(tmp_path)
-
-
-def run_cli(*args: str, cwd: Path, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
-    """`ablate ARGS` in a fresh interpreter, as a user runs it."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, "-m", "ablate.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"ablate {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-    return proc
