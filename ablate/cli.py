@@ -21,7 +21,13 @@ DEFAULT_WORKSPACE = "ablate-runs"
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage mistake is one line and exit code 2 like every other user error."""
+    """argparse, but a usage mistake is one line and exit code 2 like every other user error, and flags are
+    never abbreviated (a prefix such as `--h` would otherwise be read as `--help`, or worse as a real flag,
+    where the user meant a recipe override)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")

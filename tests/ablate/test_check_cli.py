@@ -267,3 +267,12 @@ def test_readme_add_a_component_example_builds_from_a_recipe(tmp_path, monkeypat
     assert model(torch.randint(0, 64, (2, 16))).shape == (2, 16, 64)
     assert main(["components", "--kind", "attention", "--imports", "my_attention"]) == 0
     assert "diff_v2" in capsys.readouterr().out
+
+
+def test_flags_are_never_abbreviated(capsys):
+    """`--h` is not `--help` nor `--scal` `--scale`: a prefix is read as a recipe override and refused."""
+    code, out, err = run_cli(capsys, "check", TABLE6, "--h", "1e-3")
+    assert_one_line_error(code, err, "--h", "unknown recipe key 'h'")
+    assert "usage" not in out
+    code, _, err = run_cli(capsys, "check", TABLE6, "--scal", "tiny")
+    assert_one_line_error(code, err, "--scal", "did you mean 'scales'")
