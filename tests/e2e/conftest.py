@@ -1,11 +1,11 @@
-"""The e2e fixtures (helpers: e2e_helpers.py)."""
+"""The e2e fixtures (helpers: tests/mini_project.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from e2e_helpers import write_recipe
+from mini_project import write_recipe
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import yaml
-from e2e_helpers import write_recipe
+from mini_project import write_recipe
 
 from ablate import tracking
 from ablate.cli import main

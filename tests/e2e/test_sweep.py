@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import mlflow
 import optuna
 import pytest
-from e2e_helpers import run_cli, write_recipe
+from mini_project import run_cli, write_recipe
 from optuna.trial import TrialState
 
 from ablate import tracking

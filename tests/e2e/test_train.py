@@ -10,7 +10,7 @@ import mlflow
 import numpy as np
 import pytest
 import torch
-from e2e_helpers import write_recipe
+from mini_project import write_recipe
 
 from ablate import tracking
 from ablate.cli import main

@@ -1,4 +1,5 @@
-"""A miniature recipe and corpus for the scale-out tests, and the CLI in a fresh interpreter.
+"""The scale-out tests' CLI environment: one intra-op thread per process. The miniature recipe and corpus
+are tests/mini_project.py's, shared with tests/e2e.
 
 (Its own module rather than `from conftest import ...`: several test folders have a conftest.py.)
 """
@@ -6,57 +7,13 @@
 from __future__ import annotations
 
 import os
-import random
 import subprocess
-import sys
 from pathlib import Path
 
-import yaml
+import mini_project
+from mini_project import cli_command, write_recipe
 
-MINI = {
-    "name": "mini",
-    "seeds": [0],
-    "base": {
-        "model": {"vocab_size": 260, "d_model": 32, "n_layers": 2, "head_dim": 8, "attention": {"name": "softmax"},
-                  "attention_backend": "sdpa"},
-        "train": {"seq_len": 32, "batch_tokens": 256, "micro_batch_size": 4, "steps": 8, "lr": 3.0e-3,
-                  "warmup_steps": 2, "val_every": 4, "val_batches": 2, "log_every": 1, "precision": "32-true"},
-        "data": {"source": "CORPUS", "tokenizer": "byte", "val_fraction": 0.2},
-    },
-    "variants": {
-        "transformer": {"label": "Transformer", "model": {"attention": {"name": "softmax"}}},
-        "diff": {"label": "Diff Transformer", "model": {"attention": {"name": "diff"}}},
-    },
-}
-
-
-def write_corpus(folder: Path, n_docs: int = 30, seed: int = 0) -> Path:
-    """Documents of words from a small vocabulary with repeats, so a model can learn something."""
-    rng = random.Random(seed)
-    words = [f"w{i}" for i in range(60)] + ["def", "return", "self", "(", ")", ":", "\n"]
-    folder.mkdir(parents=True, exist_ok=True)
-    for d in range(n_docs):
-        (folder / f"doc{d:03d}.txt").write_text(" ".join(rng.choice(words[: 20 + d % 40]) for _ in range(400)))
-    return folder
-
-
-def write_recipe(folder: Path, filename: str = "mini.yaml", **changes) -> Path:
-    """MINI with `a__b__c=value` changes, its corpus in `folder/corpus`."""
-    recipe = yaml.safe_load(yaml.safe_dump(MINI))
-    recipe["base"]["data"]["source"] = str(write_corpus(folder / "corpus"))
-    for dotted, value in changes.items():
-        node = recipe
-        *parents, last = dotted.split("__")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    path = folder / filename
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    return path
-
-
-def cli_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ablate.cli", *args]
+__all__ = ["cli_command", "cli_env", "run_cli", "write_recipe"]
 
 
 def cli_env() -> dict[str, str]:
@@ -66,8 +23,5 @@ def cli_env() -> dict[str, str]:
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
-    """`ablate ARGS` in a fresh interpreter, as a user runs it."""
-    proc = subprocess.run(cli_command(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=cli_env())
-    if check and proc.returncode != 0:
-        raise AssertionError(f"ablate {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-    return proc
+    """`ablate ARGS` in a fresh interpreter with `cli_env()`."""
+    return mini_project.run_cli(*args, cwd=cwd, timeout=timeout, check=check, env=cli_env())

@@ -1,5 +1,6 @@
-"""A miniature recipe and corpus, so real Trainers, Optuna studies and MLflow stores run in seconds; the
-CLI in a fresh interpreter. (Not conftest.py: importing a conftest by name clashes across test folders.)"""
+"""A miniature recipe and corpus, so real Trainers, Optuna studies and MLflow stores run in seconds, and
+the CLI in a fresh interpreter: shared by tests/e2e and tests/scaleout (pytest puts tests/ on the path,
+pyproject's `pythonpath`). Not in a conftest.py: importing a conftest by name clashes across folders."""
 
 from __future__ import annotations
 
@@ -40,25 +41,30 @@ def write_corpus(folder: Path, n_docs: int = 30, seed: int = 0) -> Path:
     return folder
 
 
-def write_recipe(tmp_path: Path, **changes) -> Path:
+def write_recipe(folder: Path, filename: str = "mini.yaml", **changes) -> Path:
+    """MINI with `a__b__c=value` changes, its corpus in `folder/corpus`."""
     recipe = copy.deepcopy(MINI)  # keeps the variants' order: the first is the reference row
-    recipe["base"]["data"]["source"] = str(write_corpus(tmp_path / "corpus"))
+    recipe["base"]["data"]["source"] = str(write_corpus(folder / "corpus"))
     for dotted, value in changes.items():
         node = recipe
         *parents, last = dotted.split("__")
         for part in parents:
             node = node.setdefault(part, {})
         node[last] = value
-    path = tmp_path / "mini.yaml"
+    path = folder / filename
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
 
 
-def run_cli(*args: str, cwd: Path, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
-    """`ablate ARGS` in a fresh interpreter, as a user runs it."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, "-m", "ablate.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+def cli_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ablate.cli", *args]
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 300, check: bool = False,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`ablate ARGS` in a fresh interpreter, as a user runs it (`env`: default this one's, unbuffered)."""
+    env = env or {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(cli_command(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"ablate {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
