@@ -115,8 +115,15 @@ def test_profiler_tells_the_kernels_apart():
 
 
 @pytest.mark.parametrize("n_kv_heads", [None, 2], ids=["mha", "gqa"])
-@pytest.mark.parametrize("kind", ["diff", "softmax"])
-def test_sdpa_runs_the_fused_cpu_kernel(kind, n_kv_heads):
+@pytest.mark.parametrize(
+    "kind, backend, calls",
+    [
+        ("softmax", "sdpa", 1),
+        ("diff", "sdpa", 2),  # split V: one call per V half
+        ("diff", "sdpa_padded", 1),  # Q and K zero-padded to V's width 2d: both maps in one call
+    ],
+)
+def test_sdpa_runs_the_fused_cpu_kernel(kind, backend, calls, n_kv_heads):
     module = build(
         "attention",
         {"name": kind, "n_kv_heads": n_kv_heads},
@@ -124,31 +131,13 @@ def test_sdpa_runs_the_fused_cpu_kernel(kind, n_kv_heads):
         head_dim=8,
         layer_idx=0,
         n_layers=1,
-        backend="sdpa",
+        backend=backend,
     )
     x = torch.randn(2, 16, 64, requires_grad=True)
     ops = sdpa_ops(lambda: module(x).sum().backward())
     assert MATH not in ops, ops
-    assert ops.get(FUSED_CPU) == (2 if kind == "diff" else 1)  # diff: one call per V half
-    assert ops.get(FUSED_CPU + "_backward") == ops[FUSED_CPU]
-
-
-@pytest.mark.parametrize("n_kv_heads", [None, 2], ids=["mha", "gqa"])
-def test_sdpa_padded_runs_one_fused_call_for_both_maps(n_kv_heads):
-    """Q and K zero-padded to V's width 2d: one fused CPU call (not the math kernel) per diff layer."""
-    module = build(
-        "attention",
-        {"name": "diff", "n_kv_heads": n_kv_heads},
-        d_model=64,
-        head_dim=8,
-        layer_idx=0,
-        n_layers=1,
-        backend="sdpa_padded",
-    )
-    x = torch.randn(2, 16, 64, requires_grad=True)
-    ops = sdpa_ops(lambda: module(x).sum().backward())
-    assert MATH not in ops, ops
-    assert ops.get(FUSED_CPU) == 1 and ops.get(FUSED_CPU + "_backward") == 1
+    assert ops.get(FUSED_CPU) == calls
+    assert ops.get(FUSED_CPU + "_backward") == calls
 
 
 def test_core_shape_errors():
