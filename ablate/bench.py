@@ -172,18 +172,18 @@ def run_bench(
             arms.append(Arm(variant, n, runnable, optimizer, tokens, flops))
 
     for arm in arms:  # warm-up: allocator, kernels' first calls (and compilation)
-        _train_step(arm)
-        _forward(arm)
+        train_step(arm)
+        forward_step(arm)
     peaks: dict[torch.dtype, float] = {}
     repeated = 0
     for _ in range(rounds):
         for dtype, sizes in (peak_sizes or PEAK_SIZES).items():
             peaks[dtype] = max(peaks.get(dtype, 0.0), matmul_peak(dtype, sizes))
         for arm in arms:
-            (total, optimizer), again = undisturbed(lambda a=arm: _train_step(a), retries)
+            (total, optimizer), again = undisturbed(lambda a=arm: train_step(a), retries)
             arm.train_s.append(total)
             arm.opt_s.append(optimizer)
-            fwd, again_fwd = undisturbed(lambda a=arm: _timed(_forward, a), retries)
+            fwd, again_fwd = undisturbed(lambda a=arm: timed(forward_step, a), retries)
             arm.fwd_s.append(fwd)
             repeated += again + again_fwd
     for arm in arms:
@@ -223,7 +223,7 @@ def run_bench(
 # --- measurements ------------------------------------------------------------------------------------
 
 
-def _train_step(arm: Arm) -> tuple[float, float]:
+def train_step(arm: Arm) -> tuple[float, float]:
     """One training step; returns (seconds of the whole step, seconds of its optimizer step)."""
     start = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -237,7 +237,7 @@ def _train_step(arm: Arm) -> tuple[float, float]:
     return end - start, end - middle
 
 
-def _forward(arm: Arm) -> None:
+def forward_step(arm: Arm) -> None:
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         arm.model(arm.tokens[:, :-1])
 
@@ -255,7 +255,7 @@ def undisturbed(measure, retries: int):
             return result, repeats
 
 
-def _timed(step, arm: Arm) -> float:
+def timed(step, arm: Arm) -> float:
     start = time.perf_counter()
     step(arm)
     return time.perf_counter() - start
@@ -266,7 +266,7 @@ def _peak_step_bytes(arm: Arm) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        _train_step(arm)
+        train_step(arm)
     events = sorted(
         (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
     )

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ablate.allocator import tune_glibc_malloc
-from ablate.bench import ForeignCpu, undisturbed
+from ablate.bench import Arm, ForeignCpu, forward_step, timed, train_step, undisturbed
 from ablate.model import build_model
 from ablate.recipe import load_recipe
 from components.attention import backends
@@ -120,26 +120,7 @@ def build_arm(name: str, seq_len: int, batch: int):
     tokens = torch.randint(
         0, config["vocab_size"], (batch, seq_len + 1), generator=torch.Generator().manual_seed(0)
     )
-    return model, optimizer, tokens
-
-
-def train_step(model, optimizer, tokens) -> None:
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = model(tokens[:, :-1])
-    F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten()).backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
-def forward(model, optimizer, tokens) -> None:
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        model(tokens[:, :-1])
-
-
-def timed(step, arm) -> float:
-    start = time.perf_counter()
-    step(*arm)
-    return time.perf_counter() - start
+    return Arm(name, seq_len, model, optimizer, tokens, flops_per_token=0.0)  # FLOPs: not reported here
 
 
 def main() -> None:
@@ -161,8 +142,8 @@ def main() -> None:
     arms = {name: build_arm(name, args.seq_len, batch) for name in names}
     for name, arm in arms.items():
         start = time.perf_counter()
-        train_step(*arm)  # warm-up (and compilation)
-        forward(*arm)
+        train_step(arm)  # warm-up (and compilation)
+        forward_step(arm)
         if name.endswith("+compile"):
             print(f"{name}: compiled and warmed up in {time.perf_counter() - start:.0f} s", flush=True)
     train = {name: [] for name in arms}
@@ -171,7 +152,7 @@ def main() -> None:
     repeated = 0
     for _ in range(args.rounds):
         for name, arm in arms.items():
-            for step, times in ((train_step, train), (forward, fwd)):
+            for step, times in ((train_step, train), (forward_step, fwd)):
                 seconds, again = undisturbed(lambda s=step, a=arm: timed(s, a), args.retries)
                 times[name].append(seconds)
                 repeated += again
