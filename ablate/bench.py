@@ -49,6 +49,7 @@ from ablate.model import build_model
 from ablate.recipe import load_recipe
 from ablate.registry import closest
 from ablate.tables import markdown_table
+from components.attention.backends import check_backend
 
 COLUMNS = ("variant", "seq_len", "train_tok_s", "fwd_tok_s", "peak_mem_mb", "mfu")
 DISTURBED = 0.05  # share of the machine's CPU used by other processes above which a timing is retaken
@@ -129,6 +130,8 @@ def run_bench(
             raise UserError(f"{key}: expected a positive integer, got {value}")
     if not variants or not seq_lens:
         raise UserError("--variants and --seq-lens: give at least one each")
+    if backend is not None:
+        check_backend(backend, key="--backend")
     recipe = load_recipe(recipe_path, list(overrides))
     for key in variants:
         if key not in recipe.variants:

@@ -326,10 +326,6 @@ def cmd_fit(args: argparse.Namespace, overrides: list) -> int:
 def cmd_bench(args: argparse.Namespace, overrides: list) -> int:
     from ablate.bench import run_bench
 
-    if args.backend is not None:
-        from components.attention.backends import check_backend
-
-        check_backend(args.backend, key="--backend")
     run_bench(args.recipe, scale=args.scale, variants=args.variants, seq_lens=args.seq_lens, rounds=args.rounds,
               out=args.out, batch_size=args.batch_size, tokens_per_step=args.tokens_per_step, overrides=overrides, backend=args.backend,
               compile=args.compile)
