@@ -10,7 +10,7 @@ from torch import nn
 from ablate.errors import UserError
 from ablate.registry import build, register
 from components.attention import backends
-from components.norm import RMSNorm, rms_norm
+from components.norm import RMSNorm
 
 KEY = "model.attention"
 
@@ -79,7 +79,7 @@ class SoftmaxAttention(nn.Module):
         result = backends.attend(q, k, v, backend=self.backend, return_weights=return_weights)
         out, weights = result if return_weights else (result, None)
         if self.subln is not None:
-            out = rms_norm(out, self.subln.weight, self.subln.eps)
+            out = self.subln(out)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, n, self.n_heads * self.head_width))
         return (out, weights) if return_weights else out
 
