@@ -65,7 +65,8 @@ def strategy_for(cfg: Any) -> str:
     return "ddp" if cfg.strategy == "auto" and world_size(cfg) > 1 else cfg.strategy
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -112,7 +113,7 @@ def local_ranks(run: Any, workspace: Path, folder: Path) -> Iterator[list[Any]]:
                             "(MASTER_ADDR/MASTER_PORT of node 0, NODE_RANK 0..num_nodes-1)")
         address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     else:
-        address, port = "127.0.0.1", _free_port()
+        address, port = "127.0.0.1", free_port()
     node = node_rank()
     folder.mkdir(parents=True, exist_ok=True)
     spec = folder / "launch.json"  # one per run folder: a resumed run overwrites the one a killed run left

@@ -4,26 +4,20 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 from ablate import tracking
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ablate.launch import free_port
 
 
 def test_ui_serves_the_workspace_store_on_loopback(tmp_path):
     workspace = tmp_path / "ws"
     client = tracking.client_for(workspace, None)
     tracking.get_experiment_id(client, "ui-test", workspace)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "ablate.cli", "ui", "--workspace", str(workspace), "--port",
                              str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)

@@ -15,7 +15,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,13 +29,9 @@ sys.path.insert(0, str(Path(__file__).parent))  # scaleout_helpers, whatever the
 
 from scaleout_helpers import cli_command, cli_env  # noqa: E402
 
+from ablate.launch import free_port  # noqa: E402
+
 UNPRIVILEGED_USER = "nobody"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pg_binary(name: str) -> str:

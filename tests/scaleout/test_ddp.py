@@ -28,6 +28,7 @@ from scaleout_helpers import cli_command, cli_env, run_cli, write_recipe
 
 from ablate import tracking
 from ablate.data import TrainBatches, load_tokens, train_batch
+from ablate.launch import free_port
 from ablate.model import build_model
 from ablate.recipe import load_recipe
 
@@ -172,7 +173,7 @@ def test_two_nodes_on_loopback_match_one_process(reference, tmp_path):
     """The documented multi-node launch (same command on every node, MASTER_ADDR/MASTER_PORT/NODE_RANK),
     two "nodes" of one CPU device each on this machine, each with its own workspace (no shared files)."""
     recipe = _recipe(tmp_path, "nodes.yaml", num_nodes=2, strategy="ddp")
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for node in (0, 1):
         env = {**cli_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(node)}
@@ -196,11 +197,3 @@ def test_two_nodes_on_loopback_match_one_process(reference, tmp_path):
     for key in ("train/loss", "val/loss"):
         worst = max(abs(nodes[key][s] - single[key][s]) for s in single[key])
         assert worst < TOLERANCE, (key, worst)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
