@@ -21,6 +21,7 @@ from pathlib import Path
 from ablate import tracking
 from ablate.errors import UserError
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # binds to every interface
 READY_TIMEOUT = 180.0  # seconds; the first start on an empty database runs MLflow's migrations
 
 
@@ -47,7 +48,7 @@ def backend_store(uri: str | None, workspace: Path) -> str:
 
 def url_for(host: str, port: int) -> str:
     """The address clients use; a wildcard bind is reached through the loopback address here."""
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    shown = "127.0.0.1" if host in WILDCARD_HOSTS else host
     return f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
 
 
@@ -93,7 +94,7 @@ def serve(*, workspace: Path, backend_store_uri: str | None = None, artifacts: P
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         wait_ready(proc, url)
-        remote = f"http://{socket.getfqdn()}:{port}" if host in ("0.0.0.0", "::", "") else url  # wildcard bind
+        remote = f"http://{socket.getfqdn()}:{port}" if host in WILDCARD_HOSTS else url  # wildcard bind
         print(f"MLflow server on {url}  (backend store {_redact(store)}, artifacts {artifacts})\n"
               f"workers: --tracking-uri {remote}", flush=True)
         return proc.wait()
