@@ -238,7 +238,6 @@ def worker(
     ctx = _sweep_context(
         recipe, scale, seeds, search, workspace, tracking_uri, storage, grace_period, overrides
     )
-    ctx.progress = False
     study, store = open_study(ctx, create=False)
     trained = work(ctx, study, store)
     print(f"[worker] trained {trained} trials; no waiting trials left", flush=True)

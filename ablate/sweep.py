@@ -272,7 +272,7 @@ def run_trial(ctx: SweepContext, study: Any, storage: Any, trial: Any, parent: s
             "mlflow_run_id": run_id,
         }.items():
             trial.set_user_attr(key, value)
-        _print_progress(ctx, study, run, workers)
+        _print_progress(ctx, study, run, workers, sampled)
         callbacks = [PruningCallback(trial)] if ctx.search.pruner.get("name", "none") != "none" else []
         result = train_run(
             run,
@@ -330,13 +330,24 @@ class PruningCallback:
         return _Pruning()
 
 
-def _print_progress(ctx: SweepContext, study: Any, run: RunSpec, workers: int) -> None:
+def _print_progress(
+    ctx: SweepContext, study: Any, run: RunSpec, workers: int, sampled: dict[str, Any] | None = None
+) -> None:
     done, total, durations = progress_counts(study)
     eta = ""
     if durations:
         remaining = max(0, total - done) * (sum(durations) / len(durations)) / max(1, workers)
         eta = f", ETA {format_seconds(remaining)}"
-    print(f"[sweep {ctx.study_name}] trial {done + 1}/{total}: {run.name} ({run.label}){eta}", flush=True)
+    # a searched point names itself (`lr=0.003`): the trials of one run name differ only there
+    point = "".join(
+        f", {key.rsplit('.', 1)[-1]}={value:g}"
+        if isinstance(value, float)
+        else f", {key.rsplit('.', 1)[-1]}={value}"
+        for key, value in (sampled or {}).items()
+    )
+    print(
+        f"[sweep {ctx.study_name}] trial {done + 1}/{total}: {run.name} ({run.label}{point}){eta}", flush=True
+    )
 
 
 # --- local worker processes ----------------------------------------------------------------------------

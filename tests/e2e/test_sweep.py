@@ -129,6 +129,8 @@ def test_two_local_workers_run_every_trial_exactly_once(tmp_path):
     keys = [c.data.tags["ablate.run_key"] for c in children]
     assert len(children) == 6 and len(set(keys)) == 6 and all(c.info.status == "FINISHED" for c in children)
     assert len({t.user_attrs["worker_pid"] for t in study.get_trials()}) >= 1
+    logs = [p.read_text() for p in (tmp_path / "ws" / "logs").glob("*.log")]
+    assert logs and all(" steps " in log and "tok/s" in log for log in logs if "trial" in log)  # progress lines
 
 
 def test_sweep_killed_mid_trial_then_rerun_finishes_each_trial_once(tmp_path):
@@ -198,6 +200,9 @@ def test_grid_search_keeps_best_lr_per_variant_and_warns_at_the_edge(tmp_path, c
     spec = tmp_path / "lr.yaml"
     spec.write_text("name: lr\nsampler: grid\nspace:\n  base.train.lr: {values: [1.0e-4, 3.0e-4, 3.0e-3]}\n")
     assert main(_sweep_args(recipe, tmp_path, "--search", str(spec))) == 0
+    out = capsys.readouterr().out
+    for lr in ("0.0001", "0.0003", "0.003"):  # each trial's line names its grid point
+        assert f"(Transformer, lr={lr})" in out
     study = _study(tmp_path / "ws", "mini-lr")
     trials = study.get_trials()
     assert len(trials) == 6 and all(t.state == TrialState.COMPLETE for t in trials)
