@@ -121,19 +121,34 @@ def tokens_and_convergence(
     flags = [convergence[r.run_id].converged for r in finished if r.run_id in convergence]
     n, bad, unknown = len(flags), flags.count(False), flags.count(None)
     rule = f"its fitted loss curve predicts under {rel_gain_threshold:.0%} lower loss from twice the tokens"
+    gains = sorted(
+        convergence[r.run_id].predicted_gain
+        for r in finished
+        if r.run_id in convergence and math.isfinite(convergence[r.run_id].predicted_gain)
+    )
+    # What the runs reach, whichever way the verdict goes: a reader weighs 1.2% differently from 12%.
+    reach = ""
+    if gains:
+        median = (
+            gains[len(gains) // 2]
+            if len(gains) % 2
+            else (gains[len(gains) // 2 - 1] + gains[len(gains) // 2]) / 2
+        )
+        spread = f", {gains[0]:.1%} to {gains[-1]:.1%}" if len(gains) > 1 else ""
+        reach = f"; predicted gain from twice the tokens: median {median:.1%}{spread}"
     if n == 0:
         converged = "Converged: no finished runs"
     elif bad:
         converged = (
             f"Converged: NO, {bad} of {n} runs had not (marked {NOT_CONVERGED}: a run counts as converged "
-            f"when {rule}); their differences may be transients of training, not of the architectures"
+            f"when {rule}{reach}); their differences may be transients of training, not of the architectures"
         )
     elif unknown == n:
         converged = (
             f"Converged: unknown (too few validations after warmup to fit a loss curve; marked {UNKNOWN})"
         )
     else:
-        converged = f"Converged: yes, {n - unknown} of {n} runs ({rule})"
+        converged = f"Converged: yes, {n - unknown} of {n} runs ({rule}{reach})"
         if unknown:
             converged += f"; {unknown} too short to tell (marked {UNKNOWN})"
     return f"**{token_text}. {converged}.**"

@@ -85,6 +85,11 @@ def test_a_row_with_a_run_that_had_not_converged_is_marked():
     assert [row[0] for row in rows] == ["Transformer", f"Diff {rc.NOT_CONVERGED}"]
     header = " ".join(honesty.header)
     assert "Tokens per run: 100K" in header and "Converged: NO, 1 of 6 runs had not" in header
+    # what the runs reach: the largest predicted gain is the falling run's (fit tested above), and the
+    # median is a flat run's (under 1%)
+    worst = rc.run_convergence(falling_curve(3.1 - 1.58), WARMUP).predicted_gain
+    assert worst > 0.01 and f"to {worst:.1%})" in header
+    assert "predicted gain from twice the tokens: median 0." in header
     assert any(n.startswith(rc.NOT_CONVERGED) for n in honesty.notes)
     # every run converged: the header says so and no row is marked
     good = [r for r in records if not (r.variant == "b" and r.seed == 0)] + [record("b", 0, 3.1)]
