@@ -361,6 +361,33 @@ def add_convergence_columns(csv_rows: list[dict[str, Any]], convergence: dict[st
         row["predicted_gain_2x_tokens"] = math.nan if c is None else c.predicted_gain
 
 
+def study_time(study: Any) -> str:
+    """Wall-clock of the study's completed trials (first start to last end) and their summed run time."""
+    spans = [
+        (t.datetime_start, t.datetime_complete)
+        for t in study.get_trials(deepcopy=False)
+        if t.datetime_start and t.datetime_complete and t.state.name == "COMPLETE"
+    ]
+    if not spans:
+        return "wall-clock: no completed trials"
+    wall = (max(end for _, end in spans) - min(start for start, _ in spans)).total_seconds()
+    summed = sum((end - start).total_seconds() for start, end in spans)
+    return (
+        f"wall-clock: {wall / 60:.1f} min from the first trial's start to the last one's end "
+        f"({summed / 60:.1f} min of trials summed over workers)"
+    )
+
+
+def precisions(records: list[RunRecord]) -> str:
+    """The precisions the runs trained in, with the rule's reason (the machine's capability)."""
+    seen = {
+        f"{r.tags['ablate.precision']} ({r.tags.get('ablate.precision_reason', 'reason not recorded')})"
+        for r in records
+        if getattr(r, "tags", None) and r.tags.get("ablate.precision")
+    }
+    return "; ".join(sorted(seen)) or "not recorded"
+
+
 def write_report(ctx: Any, study: Any, folder: Path) -> Path:
     records = collect(ctx, study)
     all_records = records
@@ -403,10 +430,12 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
     labels = {k: v["label"] for k, v in ctx.recipe.variants.items()}
     plot_loss_curves(records, labels, folder / "loss_curves.png")
     command = "ablate " + " ".join(sys.argv[1:]) if sys.argv and "ablate" in sys.argv[0] else "ablate sweep"
+    shown = f"; the table shows each variant's best, {len(records)} runs" if chosen else ""
     (folder / "README.md").write_text(
         f"# How this report was made\n\n- command: `{command}`\n- recipe: `{ctx.recipe.path}` (scale `{ctx.scale}`, "
-        f"seeds {ctx.seeds})\n- study: `{ctx.study_name}` ({len(records)} runs)\n- code version: "
+        f"seeds {ctx.seeds})\n- study: `{ctx.study_name}` ({len(all_records)} runs{shown})\n- code version: "
         f"`{tracking.code_version()}`\n- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}\n"
+        f"- {study_time(study)}\n- precision: {precisions(all_records)}\n"
         f"- files: `table.md`, `table.csv` (one row per run), `loss_curves.png`"
         + (", `lr_sensitivity.md`" if honesty.sensitivity else "")
         + "\n"

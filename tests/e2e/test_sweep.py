@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -224,6 +225,10 @@ def test_grid_search_keeps_best_lr_per_variant_and_warns_at_the_edge(tmp_path, c
         if t.params["base.train.lr"] in (1.0e-4, 3.0e-3):
             assert "lies at the edge" in table
     assert table.split("\n## ")[0].count("| Transformer") == 1  # one row per variant above the sections
+    readme = (tmp_path / "rep" / "mini-lr" / "README.md").read_text()
+    assert "(6 runs; the table shows each variant's best, 2 runs)" in readme
+    assert re.search(r"wall-clock: \d+\.\d min from the first trial's start", readme)
+    assert "precision: 32-true (" in readme
 
 
 def test_search_spec_errors_are_one_line_exit_2(tmp_path, capsys):
