@@ -131,7 +131,9 @@ def test_two_local_workers_run_every_trial_exactly_once(tmp_path):
     assert len(children) == 6 and len(set(keys)) == 6 and all(c.info.status == "FINISHED" for c in children)
     assert len({t.user_attrs["worker_pid"] for t in study.get_trials()}) >= 1
     logs = [p.read_text() for p in (tmp_path / "ws" / "logs").glob("*.log")]
-    assert logs and all(" steps " in log and "tok/s" in log for log in logs if "trial" in log)  # progress lines
+    assert logs and all(
+        " steps " in log and "tok/s" in log for log in logs if "trial" in log
+    )  # progress lines
 
 
 def test_sweep_killed_mid_trial_then_rerun_finishes_each_trial_once(tmp_path):
