@@ -433,7 +433,7 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
     shown = f"; the table shows each variant's best, {len(records)} runs" if chosen else ""
     (folder / "README.md").write_text(
         f"# How this report was made\n\n- command: `{command}`\n- recipe: `{ctx.recipe.path}` (scale `{ctx.scale}`, "
-        f"seeds {ctx.seeds})\n- study: `{ctx.study_name}` ({len(all_records)} runs{shown})\n- code version: "
+        f"seeds {sorted({r.seed for r in all_records}) or ctx.seeds})\n- study: `{ctx.study_name}` ({len(all_records)} runs{shown})\n- code version: "
         f"`{tracking.code_version()}`\n- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}\n"
         f"- {study_time(study)}\n- precision: {precisions(all_records)}\n"
         f"- files: `table.md`, `table.csv` (one row per run), `loss_curves.png`"
