@@ -181,7 +181,7 @@ def table_rows(
     sizes = sorted({r.size for r in records}, key=lambda s: (s != "", s))
     diffs = row_diffs(order, records)
     marks = marks or {}
-    paper = ctx.scale == "paper"
+    paper = ctx.scale == "paper" and any((v or {}).get("paper") for v in ctx.recipe.variants.values())
     headers = (
         ["Model"]
         + (["size"] if any(sizes) else [])
@@ -262,7 +262,15 @@ def table_rows(
                         **r.searched,
                     }
                 )
+    if not any(math.isfinite(r.values.get("ar_hit", math.nan)) for r in records if r.state == "finished"):
+        # A task recipe (or any run without the bigram split): no AR-Hit slices, so no columns of n/a.
+        keep = [i for i, h in enumerate(headers) if h not in AR_HIT_COLUMNS]
+        headers = [headers[i] for i in keep]
+        rows = [[row[i] for i in keep] for row in rows]
     return headers, rows, csv_rows
+
+
+AR_HIT_COLUMNS = ("AR-Hit", "Others", "AR-Hit share")
 
 
 def plot_loss_curves(records: list[RunRecord], labels: dict[str, str], path: Path) -> Path:
@@ -403,8 +411,13 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
     title = f"# {ctx.recipe.name} at scale {ctx.scale}\n\n" + "\n\n".join(honesty.header)
     notes = [
         "Cells: mean over seeds [95% Student-t interval]. Δ: paired by seed against the first row; "
-        "* when the interval excludes 0. AR-Hit: loss on tokens that complete a bigram seen earlier in the "
-        "same sequence; Others: every other token; the share column is AR-Hit's share of tokens."
+        "* when the interval excludes 0."
+        + (
+            " AR-Hit: loss on tokens that complete a bigram seen earlier in the same sequence; Others: every "
+            "other token; the share column is AR-Hit's share of tokens."
+            if "AR-Hit" in headers
+            else ""
+        )
     ]
     if any(r.state != "finished" for r in records):
         notes.append("Failed or pruned runs are counted in the seeds column and left out of the statistics.")

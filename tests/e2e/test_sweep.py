@@ -190,6 +190,30 @@ def test_report_statistics_on_known_numbers():
     assert len(csv_rows) == 10
 
 
+def test_report_columns_follow_what_the_runs_measured():
+    with_paper = {"a": {"label": "A", "paper": {"valid": 3.087}}, "b": {"label": "B"}}
+    records = [_record("a", 0, 3.0), _record("b", 0, 3.1)]
+    headers, rows, _ = table_rows(
+        SimpleNamespace(recipe=SimpleNamespace(variants=with_paper), scale="paper"), records
+    )
+    assert (
+        "AR-Hit" in headers
+        and headers[-1] == "paper Valid / AR-Hit / Others"
+        and rows[0][-1] == "3.087 / - / -"
+    )
+    # no paper values in the recipe: no paper column; no bigram slices in the runs (a task): no AR-Hit columns
+    no_slices = [
+        RunRecord(variant=v, seed=0, size="", state="finished", run_id=None, values={"valid": 3.0})
+        for v in "ab"
+    ]
+    plain = {"a": {"label": "A"}, "b": {"label": "B"}}
+    headers, rows, _ = table_rows(
+        SimpleNamespace(recipe=SimpleNamespace(variants=plain), scale="paper"), no_slices
+    )
+    assert not any("AR-Hit" in h or "Others" in h or "paper" in h for h in headers)
+    assert all(len(row) == len(headers) for row in rows)
+
+
 @pytest.mark.parametrize("bad", [["--workers", "0"], ["--scale", "huge"], ["--search", "nowhere.yaml"]])
 def test_sweep_bad_arguments_are_one_line_exit_2(tmp_path, capsys, bad):
     recipe = write_recipe(tmp_path)

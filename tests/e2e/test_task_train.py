@@ -236,6 +236,10 @@ def test_task_sweep_writes_the_task_report(tmp_path, capsys):
         == 0
     )
     report = tmp_path / "rep" / "needles"
+    table = (report / "table.md").read_text()
+    header = next(line for line in table.splitlines() if line.startswith("| Model"))
+    assert "| Valid " in header and "AR-Hit" not in header and "paper" not in header  # none of a task's
+    assert "n/a" not in table
     accuracy = (report / "task_accuracy.md").read_text()
     assert "level N1R1" in accuracy and "level N2R2" in accuracy and "(reference)" in accuracy
     assert "Uniform" in accuracy and "[" in accuracy  # two seeds: intervals
