@@ -7,11 +7,15 @@
 - `blockwise`: forward by SDPA's fused kernel (`sdpa_padded` for differential attention), backward by
   `components.attention.blockwise` in query blocks of PyTorch GEMMs: no N x N map kept, and the two
   maps of differential attention meet V in one (A1 - λ A2) V product (Eq. 1's FLOPs).
+- `blocks`: forward and backward both in query blocks (`components.attention.blockwise`, no fused
+  kernel): the forward combines the two maps before V, (A1 - λ A2) V as one product, so differential
+  attention's forward has Eq. 1's FLOPs instead of the padded kernel's twice the core.
 - `flash_attn`: flash-attn's `flash_attn_func` (CUDA, fp16/bf16), reached only through `flash_attn_func()`,
   the one seam a CPU stand-in replaces in tests.
 - `auto`: `flash_attn` for fp16/bf16 CUDA tensors when flash-attn imports; otherwise `sdpa`, except for
-  differential attention on CPU: `blockwise`, or `sdpa_padded` for float32 sub-heads under 64 wide
-  (the fastest of each case measured, benchmarks/NOTES.md).
+  differential attention on CPU: `blockwise`, or `sdpa_padded` for float32 sub-heads under 64 wide,
+  or `blocks` for bf16 sub-heads 32 or more wide on a CPU without AMX (the fastest of each case
+  measured, benchmarks/NOTES.md: on AMX the fused forward wins, on AVX512-BF16 alone the blocks do).
 
 Tensors are (batch, heads, seq, width). Keys and values may have fewer heads than queries (grouped-query
 attention): query head i reads kv head i // (H / H_kv), the convention of flash-attn and SDPA.
@@ -20,7 +24,9 @@ Softmax scale is 1/sqrt(width of q).
 
 from __future__ import annotations
 
+import functools
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +35,7 @@ from ablate.errors import UserError
 from ablate.registry import closest
 from components.attention import blockwise
 
-BACKENDS = ("auto", "math", "sdpa", "sdpa_padded", "blockwise", "flash_attn")
+BACKENDS = ("auto", "math", "sdpa", "sdpa_padded", "blockwise", "blocks", "flash_attn")
 FLASH_MISSING = (
     "flash_attn backend: the flash-attn package is not installed (pip install 'ablate[flash]', CUDA only)"
 )
@@ -56,11 +62,42 @@ def check_backend(name: str, *, key: str = "backend") -> str:
     return name
 
 
+def cpu_has_amx(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU has AMX tiles (`amx_bf16` among /proc/cpuinfo's flags; the text is an input so tests
+    can pass any CPU). Read here, not through ablate.precision: components import only the registry's side
+    of the engine (tests/ablate/test_layers.py)."""
+    return "amx_bf16" in _cpu_flags(_machine_cpuinfo() if cpuinfo is None else cpuinfo)
+
+
+@functools.cache
+def _machine_cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def _cpu_flags(cpuinfo: str) -> set[str]:
+    return {
+        f
+        for line in cpuinfo.splitlines()
+        if line.split(":")[0].strip() == "flags"
+        for f in line.split(":", 1)[1].split()
+    }
+
+
 def resolve(
-    name: str, device: torch.device, dtype: torch.dtype, *, diff: bool = False, head_dim: int = 64
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    diff: bool = False,
+    head_dim: int = 64,
+    amx: bool | None = None,
 ) -> str:
     """The concrete backend `name` means for tensors on `device` of `dtype` (only `auto` depends on them;
-    `diff`: for differential attention with sub-heads `head_dim` wide)."""
+    `diff`: for differential attention with sub-heads `head_dim` wide; `amx`: whether the CPU has AMX,
+    read from the machine unless given)."""
     if name != "auto":
         return name
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
@@ -72,8 +109,14 @@ def resolve(
     if diff and device.type == "cpu":
         # Measured on CPU (benchmarks/NOTES.md, "auto on CPU"): the blockwise backward's GEMMs win in bf16
         # and for float32 sub-heads of 64; thinner float32 sub-heads run faster in SDPA's padded kernel.
-        # Softmax attention gains nothing from the blockwise backward.
-        return "sdpa_padded" if dtype == torch.float32 and head_dim < 64 else "blockwise"
+        # Softmax attention gains nothing from the blockwise backward. In bf16 without AMX (AVX512-BF16
+        # alone) the padded fused forward is slower than the blocks' one-product forward for sub-heads of
+        # 32 and 64 (1.06-1.48x, "auto on CPU" in benchmarks/NOTES.md); with AMX it is faster.
+        if dtype == torch.float32:
+            return "sdpa_padded" if head_dim < 64 else "blockwise"
+        if dtype == torch.bfloat16 and head_dim >= 32 and not (cpu_has_amx() if amx is None else amx):
+            return "blocks"
+        return "blockwise"
     return "sdpa"
 
 
@@ -94,11 +137,11 @@ def attend(
         weights = _maps(q, k).to(q.dtype)  # (B,G,R,N,N)
         out = (weights @ v.unsqueeze(2)).flatten(1, 2)
         return (out, weights.flatten(1, 2)) if return_weights else out
-    if name == "blockwise":
+    if name in ("blockwise", "blocks"):
         groups = k.shape[1]
         qg = q.unflatten(1, (groups, -1)).unsqueeze(1)  # (B,1,G,R,N,d)
-        out = blockwise.attention(qg, k.unsqueeze(1), v, fused_forward=_sdpa_grouped if _on_sdpa(q) else None)
-        return out.flatten(1, 2)
+        fused = _sdpa_grouped if name == "blockwise" and _on_sdpa(q) else None
+        return blockwise.attention(qg, k.unsqueeze(1), v, fused_forward=fused).flatten(1, 2)
     return _fused(name)(q, k, v)
 
 
@@ -154,9 +197,9 @@ def diff_attend_maps(
         if not return_weights:
             return out
         return out, {"a1": a1.flatten(1, 2).to(q.dtype), "a2": a2.flatten(1, 2).to(q.dtype), "lambda": lam}
-    if name == "blockwise":
+    if name in ("blockwise", "blocks"):
         qg = q.unflatten(2, (k.shape[2], -1))  # (B,2,G,R,N,d)
-        fused = _padded_grouped if _on_sdpa(q) else None
+        fused = _padded_grouped if name == "blockwise" and _on_sdpa(q) else None
         return blockwise.attention(qg, k, v, lam, fused_forward=fused).flatten(1, 2)
     if name == "sdpa_padded":
         return _diff_padded(q, k, v, lam)

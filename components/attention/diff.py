@@ -33,7 +33,7 @@ class DiffAttention(nn.Module):
     # The blockwise backend trains with a padded (2x) forward and a one-product (1x) backward: under the
     # budget's convention (backward = 2 x forward) that is (2 + 2 x 1) / 3 of the core.
     kernel_forms = {
-        "one product (math)": 1.0,
+        "one product (math, blocks)": 1.0,
         "blockwise (fwd 2x, bwd 1x)": 4 / 3,
         "V 2d wide (FlashDiffAttn_1)": 1.5,
         "split V or padded (FlashDiffAttn_2)": 2.0,

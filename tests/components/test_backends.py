@@ -67,7 +67,9 @@ def test_unknown_backend():
         backends.check_backend("flsh_attn")
 
 
-@pytest.mark.parametrize("backend", ["math", "sdpa", "sdpa_padded", "blockwise", "flash_attn", "auto"])
+@pytest.mark.parametrize(
+    "backend", ["math", "sdpa", "sdpa_padded", "blockwise", "blocks", "flash_attn", "auto"]
+)
 @pytest.mark.parametrize("kv_heads", [6, 2, 1])
 def test_attend(fake_flash, backend, kv_heads):
     torch.manual_seed(0)
@@ -79,7 +81,9 @@ def test_attend(fake_flash, backend, kv_heads):
     assert len(fake_flash) == (backend == "flash_attn")
 
 
-@pytest.mark.parametrize("backend", ["math", "sdpa", "sdpa_padded", "blockwise", "flash_attn", "auto"])
+@pytest.mark.parametrize(
+    "backend", ["math", "sdpa", "sdpa_padded", "blockwise", "blocks", "flash_attn", "auto"]
+)
 @pytest.mark.parametrize("kv_heads", [3, 1])
 def test_diff_attend(fake_flash, backend, kv_heads):
     """Eq. 1 with Q1 of head i against K1 of group i // (h / h_kv), Q2 against K2 of that group."""

@@ -136,7 +136,7 @@ def test_modules_in_blocks_match_equations(reference, monkeypatch, kind, n_kv_he
         assert reference.rel_err(p.grad, params[name].grad) < 1e-5, name
 
 
-@pytest.mark.parametrize("backend", ["blockwise", "sdpa_padded", "sdpa", "math"])
+@pytest.mark.parametrize("backend", ["blockwise", "blocks", "sdpa_padded", "sdpa", "math"])
 def test_no_n_by_n_map_is_kept_for_backward(backend):
     """Every tensor autograd saves is far smaller than one map (B, h, N, N); the math form is the check
     that the detector can fail."""
@@ -161,8 +161,20 @@ def test_auto_on_cpu_picks_what_measured_fastest(fake_flash, monkeypatch):
     """Diff on CPU: blockwise in bf16 and for float32 sub-heads of 64, sdpa_padded for thinner float32
     sub-heads (benchmarks/NOTES.md); softmax attention: SDPA; CUDA: flash-attn for half precision."""
     cpu = torch.device("cpu")
-    assert backends.resolve("auto", cpu, torch.bfloat16, diff=True, head_dim=16) == "blockwise"
-    assert backends.resolve("auto", cpu, torch.bfloat16, diff=True, head_dim=64) == "blockwise"
+    for amx in (True, False):  # bf16 sub-heads of 16: the fused forward wins on both kinds of CPU
+        assert backends.resolve("auto", cpu, torch.bfloat16, diff=True, head_dim=16, amx=amx) == "blockwise"
+    # wider bf16 sub-heads: the fused forward with AMX, the blocks' one-product forward without
+    for width in (32, 64):
+        assert (
+            backends.resolve("auto", cpu, torch.bfloat16, diff=True, head_dim=width, amx=True) == "blockwise"
+        )
+        assert backends.resolve("auto", cpu, torch.bfloat16, diff=True, head_dim=width, amx=False) == "blocks"
+    for amx in (True, False):  # float32 does not depend on AMX (measured with and without AVX-512)
+        assert backends.resolve("auto", cpu, torch.float32, diff=True, head_dim=64, amx=amx) == "blockwise"
+        assert backends.resolve("auto", cpu, torch.float32, diff=True, head_dim=32, amx=amx) == "sdpa_padded"
+    assert backends.resolve("auto", cpu, torch.bfloat16, diff=True, head_dim=64) == backends.resolve(
+        "auto", cpu, torch.bfloat16, diff=True, head_dim=64, amx=backends.cpu_has_amx()
+    )  # unless given, AMX is read from this machine
     assert backends.resolve("auto", cpu, torch.float32, diff=True, head_dim=64) == "blockwise"
     assert backends.resolve("auto", cpu, torch.float32, diff=True, head_dim=16) == "sdpa_padded"
     for dtype in (torch.bfloat16, torch.float32):
@@ -171,7 +183,7 @@ def test_auto_on_cpu_picks_what_measured_fastest(fake_flash, monkeypatch):
     assert backends.resolve("auto", CUDA, torch.float32, diff=True) == "sdpa"
     monkeypatch.setitem(sys.modules, "flash_attn", None)
     assert backends.resolve("auto", CUDA, torch.bfloat16, diff=True) == "sdpa"
-    for name in ("math", "sdpa", "sdpa_padded", "blockwise", "flash_attn"):
+    for name in ("math", "sdpa", "sdpa_padded", "blockwise", "blocks", "flash_attn"):
         assert backends.resolve(name, cpu, torch.float32, diff=True, head_dim=16) == name
     module = build("attention", {"name": "diff"}, d_model=32, head_dim=4)
     assert module.resolved_backend(cpu, torch.bfloat16) == "blockwise"
@@ -215,3 +227,10 @@ def test_bf16_error_is_no_worse_than_sdpas(reference):
         for i, what in enumerate(("output", "grad x")):
             assert errors[backend][i] < 2.0 * errors["sdpa"][i] + 2e-3, (backend, what, errors)
             assert errors[backend][i] < 3e-2, (backend, what, errors)
+
+
+def test_cpu_has_amx_reads_the_flags_line():
+    amx = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+    epyc = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\nbugs\t\t: amx_bf16_is_not_here\n"
+    assert backends.cpu_has_amx(amx) is True
+    assert backends.cpu_has_amx(epyc) is False and backends.cpu_has_amx("") is False

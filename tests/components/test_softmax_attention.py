@@ -40,7 +40,9 @@ def make(*, backend="math", n_kv_heads=None, per_head_norm=False, head_dim_mult=
 @pytest.mark.parametrize("position", ["rope", "none"])
 @pytest.mark.parametrize("head_dim_mult", [1, 2])
 @pytest.mark.parametrize("per_head_norm", [False, True], ids=["no-norm", "norm"])
-@pytest.mark.parametrize("backend", ["math", "sdpa", "sdpa_padded", "blockwise", "flash_attn", "auto"])
+@pytest.mark.parametrize(
+    "backend", ["math", "sdpa", "sdpa_padded", "blockwise", "blocks", "flash_attn", "auto"]
+)
 @pytest.mark.parametrize("n_kv_heads", [None, 2], ids=["mha", "gqa"])
 def test_matches_reference(
     reference, fake_flash, n_kv_heads, backend, per_head_norm, head_dim_mult, position
