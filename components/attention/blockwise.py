@@ -13,7 +13,9 @@ backend); the forward is a fused kernel's when one is given, else the same block
   group's keys; K and V are never repeated.
 
 Why: on this project's 2-core AMX CPU (torch 2.13, bf16) SDPA's fused CPU backward is slower than these
-GEMMs on 256-row blocks for N <= 2048 (benchmarks/NOTES.md), while its forward is the fastest there is.
+GEMMs on 256-row blocks for N <= 2048 (benchmarks/NOTES.md), while its forward is the fastest there is;
+on a CPU with AVX512-BF16 but no AMX the blocks' forward (Eq. 1's FLOPs, half the padded kernel's) is
+faster too for sub-heads of 32 and 64 (the `blocks` backend; NOTES.md, "A second CPU kind").
 
 Numerics, stated because they differ from a fused kernel: in backward, scores and dP leave the bf16
 GEMMs rounded to bf16 before the float32 softmax statistics (torch has no bf16 x bf16 -> fp32 GEMM on
