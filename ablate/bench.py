@@ -36,9 +36,11 @@ being 1). Given dense (the budget's convention) and causal (masked half skipped)
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -210,10 +212,11 @@ def run_bench(
             arms.append(Arm(variant, n, runnable, optimizer, tokens, flops, chosen, ops))
 
     progress = Progress(arms, rounds, ops.now, say)
-    for arm in arms:  # warm-up: allocator, kernels' first calls (and compilation)
+    for i, arm in enumerate(arms):  # warm-up: allocator, kernels' first calls (and compilation)
         start = ops.now()
-        train_step(arm)
-        forward_step(arm)
+        with StillRunning(say, f"warm-up {i + 1}/{len(arms)}: {arm.variant} seq_len {arm.seq_len}"):
+            train_step(arm)
+            forward_step(arm)
         progress.warmed_up(arm, ops.now() - start)
     dtypes = list(dict.fromkeys([compute_dtype(chosen), torch.float32]))  # the dtype that ran, then float32
     peaks: dict[torch.dtype, float] = {}
@@ -224,10 +227,13 @@ def run_bench(
             peaks[dtype] = max(peaks.get(dtype, 0.0), peak)
         for arm in arms:
             start = ops.now()
-            (total, optimizer), again = undisturbed(lambda a=arm: train_step(a), retries)
+            beat = StillRunning(say, f"{arm.variant} seq_len {arm.seq_len} round {k + 1}/{rounds}")
+            with beat:
+                (total, optimizer), again = undisturbed(lambda a=arm: train_step(a), retries)
             arm.train_s.append(total)
             arm.opt_s.append(optimizer)
-            fwd, again_fwd = undisturbed(lambda a=arm: timed(forward_step, a), retries)
+            with beat:
+                fwd, again_fwd = undisturbed(lambda a=arm: timed(forward_step, a), retries)
             arm.fwd_s.append(fwd)
             repeated += again + again_fwd
             progress.timed(arm, k, ops.now() - start, len(dtypes) * peak_budget_s)
@@ -277,6 +283,30 @@ def _printer(echo: bool) -> Callable[[str], None]:
             print(line, flush=True)  # flushed: a person (or a log file) sees each line as it happens
 
     return say
+
+
+class StillRunning(contextlib.AbstractContextManager):
+    """While the body runs, a line every `every` seconds (`[bench] what: still running, 62 s`): one step of
+    a big model on a slow CPU (float32 on AVX2 took 34 s) must not leave a person without a sign of life.
+    A thread waiting on an event: it wakes only to print, so it does not disturb the timings. Reusable."""
+
+    def __init__(self, say: Callable[[str], None], what: str, every: float = 25.0):
+        self.say, self.what, self.every = say, what, every
+        self.started = time.monotonic()
+
+    def __enter__(self):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every):
+            self.say(f"[bench] {self.what}: still running, {time.monotonic() - self.started:.0f} s")
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class Progress:

@@ -320,3 +320,19 @@ def test_calibration_times_on_the_device_clock_in_the_chosen_precision(monkeypat
         f"{ENV}=0 forces no native bf16: bf16 would be emulated, many times slower",
     )
     assert _every_clock_read_synchronized(cuda.calls)
+
+
+def test_a_long_step_still_says_it_is_running():
+    """A step longer than the interval prints lines while it runs; a short one prints none."""
+    import time
+
+    from ablate.bench import StillRunning
+
+    lines: list[str] = []
+    with StillRunning(lines.append, "warm-up 1/2: diff seq_len 1024", every=0.05):
+        time.sleep(0.28)
+    assert len(lines) >= 3 and lines[0].startswith("[bench] warm-up 1/2: diff seq_len 1024: still running, ")
+    quiet: list[str] = []
+    with StillRunning(quiet.append, "round", every=5.0):
+        pass
+    assert quiet == []
