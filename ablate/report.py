@@ -371,11 +371,9 @@ def add_convergence_columns(csv_rows: list[dict[str, Any]], convergence: dict[st
 
 def study_time(study: Any) -> str:
     """Wall-clock of the study's completed trials (first start to last end) and their summed run time."""
-    spans = [
-        (t.datetime_start, t.datetime_complete)
-        for t in study.get_trials(deepcopy=False)
-        if t.datetime_start and t.datetime_complete and t.state.name == "COMPLETE"
-    ]
+    from ablate.study import completed_spans
+
+    spans = completed_spans(study.get_trials(deepcopy=False))
     if not spans:
         return "wall-clock: no completed trials"
     wall = (max(end for _, end in spans) - min(start for start, _ in spans)).total_seconds()
@@ -391,7 +389,7 @@ def precisions(records: list[RunRecord]) -> str:
     seen = {
         f"{r.tags['ablate.precision']} ({r.tags.get('ablate.precision_reason', 'reason not recorded')})"
         for r in records
-        if getattr(r, "tags", None) and r.tags.get("ablate.precision")
+        if r.tags.get("ablate.precision")
     }
     return "; ".join(sorted(seen)) or "not recorded"
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from ablate.errors import UserError
 from ablate.fitting.curve import DEFAULT_REL_GAIN, fit_loss_curve
+from ablate.search import point_label
 from ablate.stats import PairedDiff
 from ablate.tables import markdown_table, si
 
@@ -202,14 +203,6 @@ class Sensitivity:
     flips: dict[tuple[str, str], bool]  # the row's sign against the reference changes across the grid
     orders: dict[str, dict[tuple, list[str]]]  # size -> point -> variants, best first
     order_changes: dict[str, bool]  # size -> the order of the rows differs between points
-
-
-def point_label(point: tuple) -> str:
-    """(('base.train.lr', 0.001),) -> 'lr=0.001'."""
-    return ", ".join(
-        f"{k.rsplit('.', 1)[-1]}={v:g}" if isinstance(v, float) else f"{k.rsplit('.', 1)[-1]}={v}"
-        for k, v in point
-    )
 
 
 def _sort_key(point: tuple) -> tuple:

@@ -31,6 +31,15 @@ SAMPLERS = ("grid", "random", "tpe")
 PRUNERS = ("none", "median", "hyperband")
 
 
+def point_label(point: tuple) -> str:
+    """A searched point by its short keys, for tables and progress lines: (('base.train.lr', 0.001),) ->
+    'lr=0.001'."""
+    return ", ".join(
+        f"{k.rsplit('.', 1)[-1]}={v:g}" if isinstance(v, float) else f"{k.rsplit('.', 1)[-1]}={v}"
+        for k, v in point
+    )
+
+
 @dataclass(frozen=True)
 class Dimension:
     key: str  # dotted recipe key, starting with base.

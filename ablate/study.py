@@ -107,18 +107,23 @@ def is_settled(trial: Any) -> bool:
     )
 
 
-def progress_counts(study: Any) -> tuple[int, int, list[float]]:
-    """(finished plans, all plans, durations of finished trials in seconds)."""
+def completed_spans(trials: Any) -> list[tuple[Any, Any]]:
+    """(start, end) datetimes of the completed trials among `trials`."""
     from optuna.trial import TrialState
 
-    trials = study.get_trials(deepcopy=False)
-    plans = {t.user_attrs.get("plan") for t in trials}
-    finished = {t.user_attrs.get("plan") for t in trials if is_settled(t)}
-    durations = [
-        (t.datetime_complete - t.datetime_start).total_seconds()
+    return [
+        (t.datetime_start, t.datetime_complete)
         for t in trials
         if t.state == TrialState.COMPLETE and t.datetime_complete and t.datetime_start
     ]
+
+
+def progress_counts(study: Any) -> tuple[int, int, list[float]]:
+    """(finished plans, all plans, durations of finished trials in seconds)."""
+    trials = study.get_trials(deepcopy=False)
+    plans = {t.user_attrs.get("plan") for t in trials}
+    finished = {t.user_attrs.get("plan") for t in trials if is_settled(t)}
+    durations = [(end - start).total_seconds() for start, end in completed_spans(trials)]
     return len(finished), len(plans), durations
 
 

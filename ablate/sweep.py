@@ -30,6 +30,7 @@ from typing import Any
 from ablate import tracking
 from ablate.errors import UserError
 from ablate.recipe import RunSpec
+from ablate.search import point_label
 from ablate.study import (  # noqa: F401 (SweepContext, report_folder... are used through ablate.sweep too)
     SweepContext,
     is_settled,
@@ -339,12 +340,7 @@ def _print_progress(
         remaining = max(0, total - done) * (sum(durations) / len(durations)) / max(1, workers)
         eta = f", ETA {format_seconds(remaining)}"
     # a searched point names itself (`lr=0.003`): the trials of one run name differ only there
-    point = "".join(
-        f", {key.rsplit('.', 1)[-1]}={value:g}"
-        if isinstance(value, float)
-        else f", {key.rsplit('.', 1)[-1]}={value}"
-        for key, value in (sampled or {}).items()
-    )
+    point = f", {point_label(tuple(sampled.items()))}" if sampled else ""
     print(
         f"[sweep {ctx.study_name}] trial {done + 1}/{total}: {run.name} ({run.label}{point}){eta}", flush=True
     )
