@@ -27,10 +27,53 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from ablate.errors import UserError
+from ablate.core.errors import UserError
 
 DEFAULT_WORKSPACE = "ablate-runs"
 PRINT_CONFIG = ("--print_config", "--print-config")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shared:
+    """The options several verbs take, declared once (type, default, help); a verb names the ones it
+    takes with `@shared(...)` and reads them as `Shared(**options)`.
+
+    Attributes:
+        scale: scale preset of the recipe (paper, small, tiny, ...; default: the recipe's default_scale)
+        seeds: seeds (default: the recipe's seeds)
+        workspace: folder for the embedded stores, checkpoints and caches
+        tracking_uri: MLflow tracking URI (default: SQLite in the workspace)
+        storage: Optuna storage: postgresql://... for many machines (default: a journal file in the workspace)
+        reports: folder for reports
+    """
+
+    scale: str | None = None
+    seeds: list[int] | None = None
+    workspace: str = DEFAULT_WORKSPACE
+    tracking_uri: str | None = None
+    storage: str | None = None
+    reports: str = "reports"
+
+    @property
+    def workspace_path(self) -> Path:
+        return Path(self.workspace)
+
+    @property
+    def tracking(self) -> str | None:
+        """`tracking_uri`, checked (one line when MLflow cannot use it)."""
+        return tracking_uri_checked(self.tracking_uri)
+
+
+def shared(*names: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Mark a verb as taking these `Shared` options (as flags; the verb gets them in `**options`)."""
+    unknown = set(names) - {f.name for f in dataclasses.fields(Shared)}
+    assert not unknown, unknown  # a programming error, not a user's
+
+    def mark(fn: Callable[..., int]) -> Callable[..., int]:
+        fn.shared = names
+        return fn
+
+    return mark
 
 
 # --- the verbs ------------------------------------------------------------------------------------------
@@ -42,9 +85,9 @@ def components(kind: str | None = None, imports: list[str] | None = None, option
         imports: plugin modules to import first
         options: show this component's options (type, default, help); also spelled `--help NAME`
     """
-    from ablate import registry
-    from ablate.config import describe
-    from ablate.tables import markdown_table
+    from ablate.core import registry
+    from ablate.core.config import describe
+    from ablate.core.tables import markdown_table
 
     registry.load_plugins(imports or [])
     if options is not None:
@@ -74,20 +117,20 @@ def components(kind: str | None = None, imports: list[str] | None = None, option
     return 0
 
 
+@shared("scale")
 def check(
-    recipe: str, scale: str | None = None, allow_unmatched: bool = False, *, overrides: list | None = None
+    recipe: str, allow_unmatched: bool = False, *, overrides: list | None = None, **options: Any
 ) -> int:
     """Validate a recipe and compare the variants' params and FLOPs (exit 2 if unmatched).
 
     Args:
         recipe: recipe YAML file, e.g. recipes/table6.yaml
-        scale: scale preset of the recipe (paper, small, tiny, ...; default: the recipe's default_scale)
         allow_unmatched: exit 0 even if variants are unmatched
     """
-    from ablate.check import run_check
+    from ablate.recipe.check import run_check
 
-    loaded = _load(recipe, overrides)
-    scale = scale or loaded.default_scale
+    loaded = _load(recipe, overrides, Shared(**options).scale)
+    scale = loaded.scale
     table = run_check(loaded, scale, allow_unmatched=allow_unmatched)
     print(
         f"recipe {loaded.name}, scale {scale}: params and forward FLOPs per token at seq_len "
@@ -96,41 +139,37 @@ def check(
     print(table)
     tol = loaded.tolerance
     print(
-        f"all variants within tolerance (params {tol['params']:.0%}, FLOPs {tol['flops']:.0%}) "
-        "of the first row"
+        f"all variants within tolerance (params {tol.params:.0%}, FLOPs {tol.flops:.0%}) of the first row"
         if "UNMATCHED" not in table
         else "unmatched variants allowed by --allow-unmatched"
     )
     return 0
 
 
+@shared("scale", "workspace", "tracking_uri")
 def train(
     recipe: str,
     variant: str,
-    scale: str | None = None,
     seed: int | None = None,
     size: str | None = None,
-    workspace: str = DEFAULT_WORKSPACE,
-    tracking_uri: str | None = None,
     *,
     overrides: list | None = None,
+    **options: Any,
 ) -> int:
     """Train one variant of a recipe (resumes from its last checkpoint if interrupted).
 
     Args:
         recipe: recipe YAML file, e.g. recipes/table6.yaml
         variant: variant key, e.g. diff
-        scale: scale preset of the recipe (default: the recipe's default_scale)
         seed: seed (default: the recipe's first)
         size: size, for recipes with a sizes axis (scaling grids)
-        workspace: folder for the embedded stores, checkpoints and caches
-        tracking_uri: MLflow tracking URI (default: SQLite in the workspace)
     """
-    from ablate.train import train_run
+    from ablate.train.loop import train_run
 
-    loaded = _load(recipe, overrides)
+    opts = Shared(**options)
+    loaded = _load(recipe, overrides, opts.scale)
     seeds = [seed] if seed is not None else loaded.seeds[:1]
-    runs = loaded.resolve(scale, seeds=seeds, variants=[variant])
+    runs = loaded.runs_for(seeds, variants=[variant])
     sizes = [r.size for r in runs]
     if len(runs) > 1 or size is not None:
         if size not in sizes:
@@ -140,51 +179,40 @@ def train(
             )
         runs = [r for r in runs if r.size == size]
     (run,) = runs
-    result = train_run(run, workspace=Path(workspace), tracking_uri=tracking_uri_checked(tracking_uri))
+    result = train_run(run, workspace=opts.workspace_path, tracking_uri=opts.tracking)
     print(result.summary())
     return 0
 
 
+@shared("scale", "seeds", "workspace", "tracking_uri", "storage", "reports")
 def sweep(
     recipe: str,
-    scale: str | None = None,
-    seeds: list[int] | None = None,
     workers: int = 1,
     search: str | None = None,
     yes: bool = False,
     allow_unmatched: bool = False,
     no_train: bool = False,
-    workspace: str = DEFAULT_WORKSPACE,
-    tracking_uri: str | None = None,
-    storage: str | None = None,
-    reports: str = "reports",
     grace_period: float = 60.0,
     *,
     overrides: list | None = None,
+    **options: Any,
 ) -> int:
     """Train every variant x seed of a recipe as one Optuna study, then report.
 
     Args:
         recipe: recipe YAML file, e.g. recipes/table6.yaml
-        scale: scale preset of the recipe (default: the recipe's default_scale)
-        seeds: seeds (default: the recipe's seeds)
         workers: local worker processes (1: this one)
         search: search spec, e.g. sweeps/lr.yaml (default: the plain grid)
         yes: start without asking even if estimated over an hour
         allow_unmatched: train variants beyond the FLOPs tolerance
         no_train: only enqueue the trials and create the MLflow parent run; `ablate worker`s train them
-        workspace: folder for the embedded stores, checkpoints and caches
-        tracking_uri: MLflow tracking URI (default: SQLite in the workspace)
-        storage: Optuna storage: postgresql://... for many machines (default: a journal file in the workspace)
-        reports: folder for reports
         grace_period: seconds without heartbeat after which a trial's worker counts as dead
     """
-    from ablate.check import run_check
-    from ablate.sweep import run_sweep
+    from ablate.recipe.check import run_check
+    from ablate.sweep.run import run_sweep
 
-    ctx = _sweep_context(
-        recipe, scale, seeds, search, workspace, tracking_uri, storage, grace_period, overrides
-    )
+    opts = Shared(**options)
+    ctx = _sweep_context(recipe, opts, search, grace_period, overrides)
     if workers < 1:
         raise UserError(f"--workers: expected a positive number, got {workers}")
     checked = run_check(ctx.recipe, ctx.scale, allow_unmatched=allow_unmatched)
@@ -195,98 +223,74 @@ def sweep(
         ctx,
         workers=workers,
         yes=yes,
-        reports=Path(reports),
+        reports=Path(opts.reports),
         overrides_argv=_override_argv(overrides or []),
         train=not no_train,
     )
     if folder is not None:
-        from ablate.tracking import sweep_runs_url
+        from ablate.store.tracking import sweep_runs_url
 
-        ui = "ablate ui" + (f" --workspace {workspace}" if workspace != DEFAULT_WORKSPACE else "")
+        ui = "ablate ui" + (f" --workspace {opts.workspace}" if opts.workspace != DEFAULT_WORKSPACE else "")
         served = ctx.tracking_uri if (ctx.tracking_uri or "").startswith("http") else "http://127.0.0.1:5000"
-        url = sweep_runs_url(Path(workspace), ctx.tracking_uri, ctx.recipe.name, ctx.scale, served) or served
+        url = sweep_runs_url(ctx.workspace, ctx.tracking_uri, ctx.recipe.name, ctx.scale, served) or served
         print(f"report: {folder}/table.md (and table.csv, loss_curves.png)\nMLflow UI: {ui}  -> {url}")
     return 0
 
 
+@shared("scale", "seeds", "workspace", "tracking_uri", "storage")
 def worker(
     recipe: str,
-    scale: str | None = None,
-    seeds: list[int] | None = None,
     search: str | None = None,
-    workspace: str = DEFAULT_WORKSPACE,
-    tracking_uri: str | None = None,
-    storage: str | None = None,
     grace_period: float = 60.0,
     *,
     overrides: list | None = None,
+    **options: Any,
 ) -> int:
     """Join an existing sweep's study and run its waiting trials.
 
     Args:
         recipe: recipe YAML file of the sweep
-        scale: scale preset the sweep runs at
-        seeds: seeds (default: the recipe's seeds)
         search: search spec of the sweep
-        workspace: folder for the embedded stores, checkpoints and caches
-        tracking_uri: MLflow tracking URI (default: SQLite in the workspace)
-        storage: Optuna storage of the sweep (default: a journal file in the workspace)
         grace_period: seconds without heartbeat after which a trial's worker counts as dead
     """
-    from ablate.sweep import open_study, work
+    from ablate.sweep.run import open_study, work
 
-    ctx = _sweep_context(
-        recipe, scale, seeds, search, workspace, tracking_uri, storage, grace_period, overrides
-    )
+    ctx = _sweep_context(recipe, Shared(**options), search, grace_period, overrides)
     study, store = open_study(ctx, create=False)
     trained = work(ctx, study, store)
     print(f"[worker] trained {trained} trials; no waiting trials left", flush=True)
     return 0
 
 
+@shared("scale", "seeds", "workspace", "tracking_uri", "storage", "reports")
 def report(
     recipe: str,
-    scale: str | None = None,
-    seeds: list[int] | None = None,
     search: str | None = None,
-    workspace: str = DEFAULT_WORKSPACE,
-    tracking_uri: str | None = None,
-    storage: str | None = None,
-    reports: str = "reports",
     grace_period: float = 60.0,
     *,
     overrides: list | None = None,
+    **options: Any,
 ) -> int:
     """Write the report of a sweep (table, CSV, loss curves).
 
     Args:
         recipe: recipe YAML file of the sweep
-        scale: scale preset the sweep ran at
-        seeds: seeds (default: the recipe's seeds)
         search: search spec of the sweep
-        workspace: folder for the embedded stores, checkpoints and caches
-        tracking_uri: MLflow tracking URI (default: SQLite in the workspace)
-        storage: Optuna storage of the sweep (default: a journal file in the workspace)
-        reports: folder for reports
         grace_period: seconds without heartbeat after which a trial's worker counts as dead
     """
-    from ablate.report import write_report
-    from ablate.study import open_study, report_folder
+    from ablate.report.table import write_report
+    from ablate.store.study import open_study, report_folder
 
-    ctx = _sweep_context(
-        recipe, scale, seeds, search, workspace, tracking_uri, storage, grace_period, overrides
-    )
+    opts = Shared(**options)
+    ctx = _sweep_context(recipe, opts, search, grace_period, overrides)
     study, _ = open_study(ctx, create=False)
-    write_report(ctx, study, report_folder(ctx, Path(reports)))
+    write_report(ctx, study, report_folder(ctx, Path(opts.reports)))
     return 0
 
 
+@shared("scale", "workspace", "tracking_uri", "storage")
 def fit(
     recipe: str | None = None,
-    scale: str | None = None,
-    workspace: str = DEFAULT_WORKSPACE,
-    tracking_uri: str | None = None,
-    storage: str | None = None,
     csv: str | None = None,
     form: Literal["size", "tokens", "joint"] | None = None,
     out: str | None = None,
@@ -294,15 +298,12 @@ def fit(
     params_count: Literal["non_embedding", "total"] = "non_embedding",
     *,
     overrides: list | None = None,
+    **options: Any,
 ) -> int:
     """Fit scaling laws to a sweep's finished runs (or to a CSV of points).
 
     Args:
         recipe: recipe of the sweep (or give --csv)
-        scale: scale preset the sweep ran at
-        workspace: folder for the embedded stores, checkpoints and caches
-        tracking_uri: MLflow tracking URI (default: SQLite in the workspace)
-        storage: Optuna storage of the sweep (default: the workspace journal)
         csv: fit points from a CSV: columns params, tokens, loss[, arch, run_id]
         form: law to fit (default: size, or joint when the grid varies both)
         out: output folder (default reports/<recipe>[-<scale>])
@@ -310,7 +311,7 @@ def fit(
         params_count: which parameter count N is (non_embedding: Kaplan et al.)
     """
     if csv:
-        from ablate.fit import run_fit_csv
+        from ablate.report.fit import run_fit_csv
 
         if recipe:
             raise UserError("ablate fit: give a recipe or --csv FILE, not both")
@@ -318,17 +319,18 @@ def fit(
             raise UserError(f"--bootstrap: expected a positive number, got {bootstrap}")
         written = run_fit_csv(csv, form or "size", out or "reports/fit", n_boot=bootstrap)
     else:
-        from ablate.fit_runs import run_fit_recipe
+        from ablate.report.fit_runs import run_fit_recipe
 
         if not recipe:
             raise UserError("ablate fit: give a recipe (e.g. recipes/scaling-size.yaml) or --csv FILE")
-        loaded = _load(recipe, overrides)
+        opts = Shared(**options)
+        loaded = _load(recipe, overrides, opts.scale)
         written = run_fit_recipe(
             loaded,
-            scale=scale or loaded.default_scale,
-            workspace=Path(workspace),
-            tracking_uri=tracking_uri_checked(tracking_uri),
-            storage_url=storage,
+            scale=loaded.scale,
+            workspace=opts.workspace_path,
+            tracking_uri=opts.tracking,
+            storage_url=opts.storage,
             form=form,
             out=Path(out) if out else None,
             n_boot=bootstrap,
@@ -368,7 +370,7 @@ def bench(
         compile: run each model under torch.compile
         out: output folder
     """
-    from ablate.bench import run_bench
+    from ablate.train.bench import run_bench
 
     run_bench(
         recipe,
@@ -392,61 +394,46 @@ def bench(
 BENCH_INTERNAL = ("overrides", "tune_malloc", "retries", "echo", "ops")
 
 
-def prepare(
-    recipe: str,
-    out: str,
-    scale: str | None = None,
-    workspace: str = DEFAULT_WORKSPACE,
-    *,
-    overrides: list | None = None,
-) -> int:
+@shared("scale", "workspace")
+def prepare(recipe: str, out: str, *, overrides: list | None = None, **options: Any) -> int:
     """Tokenize a recipe's corpus into shards.
 
     Args:
         recipe: recipe YAML file
         out: folder for the shards
-        scale: scale preset of the recipe
-        workspace: folder for caches
     """
     from ablate.data import prepare as prepare_shards
 
-    loaded = _load(recipe, overrides)
-    run = loaded.resolve(scale, seeds=loaded.seeds[:1])[0]
-    for path in prepare_shards(run.config["data"], Path(out), Path(workspace)):
+    opts = Shared(**options)
+    loaded = _load(recipe, overrides, opts.scale)
+    for path in prepare_shards(loaded.runs[0].data, Path(out), opts.workspace_path):
         print(path)
     return 0
 
 
+@shared("scale", "workspace", "tracking_uri", "storage", "reports")
 def evaluate(
     recipe: str,
-    scale: str | None = None,
     probes: list[str] | None = None,
     checkpoint: Literal["best", "last"] | None = None,
     tokens: int | None = None,
-    workspace: str = DEFAULT_WORKSPACE,
-    tracking_uri: str | None = None,
-    storage: str | None = None,
-    reports: str = "reports",
     *,
     overrides: list | None = None,
+    **options: Any,
 ) -> int:
     """Run the recipe's probes on a sweep's finished checkpoints (attention outliers, low-bit logits, ...).
 
     Args:
         recipe: recipe YAML file of the sweep
-        scale: scale preset the sweep ran at
         probes: probes to run (default: the recipe's eval.probes)
         checkpoint: which checkpoint of each run (default: the recipe's eval.checkpoint)
         tokens: held-out tokens each probe reads (default: the recipe's eval.tokens, the paper's 0.4M)
-        workspace: folder for the embedded stores, checkpoints and caches
-        tracking_uri: MLflow tracking URI (default: SQLite in the workspace)
-        storage: Optuna storage of the sweep (default: a journal file in the workspace)
-        reports: folder for reports
     """
-    from ablate.evaluate import run_eval  # written beside this verb (issue: ablate eval)
+    from ablate.probes.run import run_eval
 
-    loaded = _load(recipe, overrides)
-    scale = scale or loaded.default_scale
+    opts = Shared(**options)
+    loaded = _load(recipe, overrides, opts.scale)
+    scale = loaded.scale
     config = loaded.eval(
         scale
     )  # the recipe's eval section at this scale fills what the command line leaves out
@@ -454,48 +441,43 @@ def evaluate(
         loaded,
         scale=scale,
         probes=probes or config.probes,
-        workspace=Path(workspace),
-        tracking_uri=tracking_uri_checked(tracking_uri),
-        storage_url=storage,
+        workspace=opts.workspace_path,
+        tracking_uri=opts.tracking,
+        storage_url=opts.storage,
         checkpoint=checkpoint or config.checkpoint,
-        reports=Path(reports),
+        reports=Path(opts.reports),
         tokens=tokens,
     )
     return 0
 
 
-def ui(
-    workspace: str = DEFAULT_WORKSPACE,
-    tracking_uri: str | None = None,
-    host: str = "127.0.0.1",
-    port: int = 5000,
-) -> int:
+@shared("workspace", "tracking_uri")
+def ui(host: str = "127.0.0.1", port: int = 5000, **options: Any) -> int:
     """Start the MLflow UI over the workspace store.
 
     Args:
-        workspace: folder of the embedded stores
-        tracking_uri: MLflow tracking URI (default: SQLite in the workspace)
         host: interface to listen on (127.0.0.1: this machine only)
         port: port to listen on
     """
-    from ablate.tracking import serve_ui
+    from ablate.store.server import serve_ui
 
-    return serve_ui(Path(workspace), tracking_uri_checked(tracking_uri), host=host, port=port)
+    opts = Shared(**options)
+    return serve_ui(opts.workspace_path, opts.tracking, host=host, port=port)
 
 
+@shared("workspace")
 def server(
-    workspace: str = DEFAULT_WORKSPACE,
     backend_store_uri: str | None = None,
     artifacts: str | None = None,
     host: str = "127.0.0.1",
     port: int = 5000,
     workers: int = 1,
     allowed_hosts: str | None = None,
+    **options: Any,
 ) -> int:
     """Start an MLflow tracking server (SQL store, served artifacts) for many workers.
 
     Args:
-        workspace: folder of the default SQLite store and artifacts
         backend_store_uri: SQL store, e.g. postgresql://user@dbhost/mlflow (default: SQLite in the workspace)
         artifacts: folder the server keeps artifacts in (default <workspace>/artifacts)
         host: interface to listen on (127.0.0.1: this machine only)
@@ -503,10 +485,10 @@ def server(
         workers: server processes
         allowed_hosts: Host headers to accept besides localhost and private IPs, e.g. mlflow.example.org:5000
     """
-    from ablate.server import serve
+    from ablate.store.server import serve
 
     return serve(
-        workspace=Path(workspace),
+        workspace=Shared(**options).workspace_path,
         backend_store_uri=backend_store_uri,
         artifacts=Path(artifacts) if artifacts else None,
         host=host,
@@ -534,10 +516,10 @@ POSITIONAL = {"recipe"}  # every other parameter is a flag
 
 
 # --- helpers of the verbs ----------------------------------------------------------------------------------
-def _load(path: str, overrides: list | None):
-    from ablate.recipe import load_recipe
+def _load(path: str, overrides: list | None, scale: str | None = None):
+    from ablate.recipe.resolve import load_recipe
 
-    return load_recipe(path, overrides or [])
+    return load_recipe(path, overrides or [], scale=scale)
 
 
 # What MLflow can track to: its server, a database it supports, or a folder (file store).
@@ -568,18 +550,20 @@ def tracking_uri_checked(uri: str | None) -> str | None:
     return uri
 
 
-def _sweep_context(recipe, scale, seeds, search, workspace, tracking_uri, storage, grace_period, overrides):
-    from ablate.search import SearchSpec, load_search_spec
-    from ablate.study import SweepContext
+def _sweep_context(
+    recipe: str, opts: Shared, search: str | None, grace_period: float, overrides: list | None
+):
+    from ablate.recipe.search import SearchSpec, load_search_spec
+    from ablate.store.study import SweepContext
 
-    loaded = _load(recipe, overrides)
+    loaded = _load(recipe, overrides, opts.scale)
     return SweepContext(
         recipe=loaded,
-        scale=scale or loaded.default_scale,
-        seeds=seeds or loaded.seeds,
-        workspace=Path(workspace),
-        tracking_uri=tracking_uri_checked(tracking_uri),
-        storage_url=storage,
+        scale=loaded.scale,
+        seeds=opts.seeds or loaded.seeds,
+        workspace=opts.workspace_path,
+        tracking_uri=opts.tracking,
+        storage_url=opts.storage,
         search=load_search_spec(search) if search else SearchSpec(),
         search_path=search,
         grace_period=grace_period,
@@ -591,6 +575,15 @@ def _override_argv(overrides: list) -> list[str]:
 
 
 # --- the parser -------------------------------------------------------------------------------------------
+# jsonargparse builds each verb's parser from its signature and docstring, validates the types, prints the
+# help and the subcommands. What is written by hand below, and why jsonargparse cannot do it:
+# - split_argv: a verb's unknown arguments are recipe overrides (`--base.train.lr 3e-4`, `--scal` refused as
+#   a recipe key): jsonargparse has no parse_known_args, so the argv is split before it parses. The same
+#   pass lets a boolean flag stand bare (`--yes`; jsonargparse wants `--yes true`) and a list take the
+#   values after it (`--seeds 0 1 2`; jsonargparse wants `--seeds [0,1,2]` or `--seeds+` per value).
+# - _one_line: jsonargparse's errors run over several lines of detail; a user error here is one line.
+# - Flag and verb_flags: the flags of a verb are its signature, its `Shared` options and, for bench,
+#   run_bench's keyword arguments (BENCH_INTERNAL: those that are the library's, not the command line's).
 @dataclasses.dataclass(frozen=True)
 class Flag:
     name: str  # the parameter
@@ -620,13 +613,17 @@ def verb_flags(verb: str) -> dict[str, Flag]:
         for n, p in inspect.signature(fn).parameters.items()
         if p.kind is p.POSITIONAL_OR_KEYWORD
     }
+    shared_hints = typing.get_type_hints(Shared)
+    for f in dataclasses.fields(Shared):
+        if f.name in getattr(fn, "shared", ()):
+            flags[f.name] = Flag(f.name, shared_hints[f.name], f.default)
     if verb == "bench":
         flags.update(_bench_extras())
     return flags
 
 
 def _bench_extras() -> dict[str, Flag]:
-    from ablate.bench import run_bench
+    from ablate.train.bench import run_bench
 
     hints = typing.get_type_hints(run_bench)
     covered = set(inspect.signature(bench).parameters) | {"recipe_path", *BENCH_INTERNAL}
@@ -671,18 +668,20 @@ def build_parser(verb: str | None = None):
 def _add_verb_arguments(sub, verb: str) -> None:
     fn = VERBS[verb]
     docs = _param_docs(fn)
+    group = sub.add_argument_group("options shared with other verbs (ablate.cli.Shared)")
     for flag in verb_flags(verb).values():
         help_text = docs.get(flag.name, "")
+        where = group if flag.name in getattr(fn, "shared", ()) else sub
         if flag.name in POSITIONAL:
             kwargs: dict[str, Any] = (
                 {"nargs": "?", "default": flag.default} if flag.default is not inspect._empty else {}
             )
-            sub.add_argument(flag.name, type=flag.hint, help=help_text, **kwargs)
+            where.add_argument(flag.name, type=flag.hint, help=help_text, **kwargs)
             continue
         dashed, under = "--" + flag.name.replace("_", "-"), "--" + flag.name
         names = [dashed] if dashed == under else [dashed, under]
         required = flag.default is inspect._empty
-        sub.add_argument(
+        where.add_argument(
             *names,
             dest=flag.name,
             type=flag.hint,
@@ -702,9 +701,9 @@ def _add_verb_arguments(sub, verb: str) -> None:
 
 def _add_recipe_help(sub) -> None:
     """The recipe's base.* options, in --help only (their values go through the recipe, as overrides)."""
-    from ablate.config import TrainConfig, field_docs
+    from ablate.core.config import TrainConfig, field_docs
     from ablate.data.config import DataConfig
-    from ablate.model import ModelConfig
+    from ablate.model.decoder import ModelConfig
 
     for section, cls in (("model", ModelConfig), ("train", TrainConfig), ("data", DataConfig)):
         group = sub.add_argument_group(
@@ -742,12 +741,16 @@ def _first_line(fn: Callable) -> str:
 
 
 def _param_docs(fn: Callable) -> dict[str, str]:
+    """The verb's `Args:` helps, and those of the `Shared` options it takes."""
     import docstring_parser
 
-    return {
+    from ablate.core.config import field_docs
+
+    own = {
         p.arg_name: " ".join((p.description or "").split())
         for p in docstring_parser.parse(inspect.getdoc(fn) or "").params
     }
+    return {**{k: v for k, v in field_docs(Shared).items() if k in getattr(fn, "shared", ())}, **own}
 
 
 DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
@@ -814,7 +817,7 @@ def split_argv(verb: str, argv: list[str]) -> tuple[list[str], list[str], bool]:
 
 
 def _scalar(text: str) -> Any:
-    from ablate.config import load_yaml
+    from ablate.core.config import load_yaml
 
     try:
         value = load_yaml(text)
@@ -831,7 +834,7 @@ def parse_args(argv: Sequence[str]) -> tuple[str, dict[str, Any], list, bool]:
     verb = next((a for a in argv if not a.startswith("-")), None)
     if verb is None or verb not in VERBS:
         if verb is not None:
-            from ablate.errors import closest
+            from ablate.core.errors import closest
 
             raise UserError(f"ablate: unknown verb {verb!r}{closest(verb, VERBS)}; verbs: {', '.join(VERBS)}")
         build_parser().parse_args(argv or ["--help"])  # `ablate`, `ablate --help`: the verbs
@@ -850,14 +853,14 @@ def parse_args(argv: Sequence[str]) -> tuple[str, dict[str, Any], list, bool]:
         raise UserError(_one_line(verb, str(e), known)) from None
     values = namespace[verb].as_dict() if hasattr(namespace[verb], "as_dict") else dict(namespace[verb])
     values = {k: v for k, v in values.items() if k in verb_flags(verb) or k == "options"}
-    from ablate.recipe import parse_overrides
+    from ablate.recipe.resolve import parse_overrides
 
     return verb, values, parse_overrides(override_tokens), print_config
 
 
 def _one_line(verb: str, message: str, known: list[str]) -> str:
     """jsonargparse's error (several lines of detail) -> one line naming the flag, the type and the value."""
-    from ablate.config import describe
+    from ablate.core.config import describe
 
     flags = verb_flags(verb)
     key = re.search(r'Parser key "([^"]+)"', message)
@@ -878,13 +881,13 @@ def print_resolved(recipe: str | None, scale: str | None, overrides: list) -> No
     """`--print_config`: the recipe resolved at `scale` with the overrides applied, as a recipe file."""
     import yaml
 
-    from ablate.recipe import resolved_recipe
+    from ablate.recipe.resolve import resolved_recipe
 
     if not recipe:
         raise UserError("--print_config: prints a recipe; give one")
-    loaded = _load(recipe, overrides)
+    loaded = _load(recipe, overrides, scale)
     print(
-        f"# resolved by ablate from {loaded.path} at scale {scale or loaded.default_scale}; "
+        f"# resolved by ablate from {loaded.path} at scale {loaded.scale}; "
         "`ablate check FILE` accepts this file as it is"
     )
     print(yaml.safe_dump(resolved_recipe(loaded, scale), sort_keys=False, allow_unicode=True), end="")

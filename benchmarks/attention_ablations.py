@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ablate.allocator import tune_glibc_malloc
-from ablate.bench import Arm, ForeignCpu, forward_step, timed, train_step, undisturbed
-from ablate.model import build_model
-from ablate.recipe import load_recipe
+from ablate.hardware.allocator import tune_glibc_malloc
+from ablate.model.decoder import build_model
+from ablate.recipe.resolve import load_recipe
+from ablate.train.bench import Arm, ForeignCpu, forward_step, timed, train_step, undisturbed
 from components.attention import backends
 from components.attention.diff import DiffAttention
 from components.attention.softmax import SoftmaxAttention

@@ -9,7 +9,7 @@ backend `auto` picks for each case, so a disagreement between the rule and this 
         python benchmarks/auto_backends.py --dtypes float32
 
 A script, not a verb: it measures the library's own choice, for the notes. Timing uses the device seam
-(ablate.device), the clock `ablate bench` uses.
+(ablate.hardware.device), the clock `ablate bench` uses.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ablate.device import device_ops
+from ablate.hardware.device import device_ops
 from components.attention import blockwise
 from components.attention.backends import diff_attend_maps, resolve
 

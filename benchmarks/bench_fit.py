@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 
 try:
-    from ablate.fit import Point, fit_points
+    from ablate.fitting import Point, fit_points
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from ablate.fit import Point, fit_points
+    from ablate.fitting import Point, fit_points
 
 
 def synthetic_points(n: int, seed: int = 0) -> list[Point]:

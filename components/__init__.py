@@ -1,7 +1,7 @@
 """The built-in component zoo. Importing this package registers every built-in variant.
 
 One kind per module (or folder for attention). The contract every component keeps is written once in
-`ablate.contract`: what the block injects (attention: d_model, head_dim, layer_idx, n_layers, position,
+`ablate.core.contract`: what the block injects (attention: d_model, head_dim, layer_idx, n_layers, position,
 backend; norm: dim; ffn: d_model; position: head_dim; lambda_init: nothing), and what a component may
 tell the engine: `flops(seq_len)` (else it is counted automatically), `residual_out`, `init_std`,
 `describe()` (its columns in `ablate check`), and for attention `attend_with_maps`.

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from ablate.registry import register
+from ablate.core.registry import register
 
 
 def hidden_width(d_model: int, hidden_mult: float, multiple_of: int) -> int:

@@ -2,7 +2,7 @@
 
 import math
 
-from ablate.registry import register
+from ablate.core.registry import register
 
 
 @register("lambda_init", "exp_depth")

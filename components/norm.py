@@ -13,7 +13,7 @@ benchmarks/NOTES.md.
 import torch
 from torch import nn
 
-from ablate.registry import register
+from ablate.core.registry import register
 
 
 @register("norm", "rmsnorm")

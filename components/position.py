@@ -7,8 +7,8 @@ width `d` for differential attention) and calls it on tensors of shape (batch, h
 import torch
 from torch import nn
 
-from ablate.errors import UserError
-from ablate.registry import register
+from ablate.core.errors import UserError
+from ablate.core.registry import register
 
 ROPE_STYLES = ("interleaved", "rotate_half")
 

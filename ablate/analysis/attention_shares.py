@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ablate.contract import AnalysableAttention
+from ablate.core.contract import AnalysableAttention
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ def task_attention_metrics(
 ) -> dict[str, float]:
     """Answer and noise shares over `per_cell` held-out samples of every cell of `task`; {} when some
     attention module does not implement the analysis contract (nothing to read the maps through)."""
-    from ablate.task_data import collate
+    from ablate.data.task_batches import collate
 
     if not analysable(model):
         return {}

@@ -1,4 +1,4 @@
-"""The recipe's `data:` section: a `DataConfig` whose types jsonargparse checks (`ablate.config.load_section`).
+"""The recipe's `data:` section: a `DataConfig` whose types jsonargparse checks (`ablate.core.config.load_section`).
 
 data:
   source: stdlib        # 'stdlib' | a text file | a .jsonl file | a folder of them | a shard folder
@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ablate.config import load_section
+from ablate.core.config import load_section
+from ablate.core.errors import UserError
 from ablate.data.tokenizers import parse_tokenizer_spec
-from ablate.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,11 @@ class DataConfig:
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(DataConfig)}
 
 
-def parse_data_config(data_cfg: Mapping[str, Any] | None) -> DataConfig:
-    """The `data:` section with every default filled in (null or missing: all defaults)."""
+def parse_data_config(data_cfg: DataConfig | Mapping[str, Any] | None) -> DataConfig:
+    """The `data:` section with every default filled in (null or missing: all defaults); a `DataConfig`
+    (a resolved run's section) is already that."""
+    if isinstance(data_cfg, DataConfig):
+        return data_cfg
     if hasattr((data_cfg or {}).get("source") if isinstance(data_cfg, Mapping) else None, "__fspath__"):
         data_cfg = {**data_cfg, "source": str(data_cfg["source"])}
     return load_section(DataConfig, data_cfg, "data")

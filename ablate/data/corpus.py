@@ -31,8 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ablate.core.errors import UserError
 from ablate.data.config import DataConfig
-from ablate.errors import UserError
 
 STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "test", "tests", "idlelib", "idle_test", "__pycache__"})
 FOLDER_SUFFIXES = (".txt", ".jsonl")

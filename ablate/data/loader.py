@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from ablate.errors import UserError
+from ablate.core.errors import UserError
 
 _TRAIN_SALT = 0x0AB1A7E  # keeps the batch stream apart from other generators seeded with the same seed
 

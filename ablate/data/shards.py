@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ablate.errors import UserError
+from ablate.core.errors import UserError
 
 SPLITS = ("train", "val")
 _DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}

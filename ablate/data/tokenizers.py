@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ablate.errors import UserError, closest
+from ablate.core.errors import UserError, closest
 
 EOD_TEXT = "<|endoftext|>"
 TOKENIZERS: dict[str, dict[str, Any]] = {  # name -> its options and their defaults

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from ablate.core.errors import UserError
 from ablate.data.config import parse_data_config
 from ablate.data.corpus import TextCorpus, open_text_corpus
 from ablate.data.shards import (
@@ -32,7 +33,6 @@ from ablate.data.shards import (
     write_split,
 )
 from ablate.data.tokenizers import BpeTokenizer, get_tokenizer, tokenizer_label, vocab_size_of
-from ablate.errors import UserError
 
 _CACHE_FORMAT = 1  # bump when the token layout changes, so old caches are not reused
 _ENCODE_CHUNK_CHARS = 1 << 22  # texts handed to encode_batch at once (it runs them in parallel)

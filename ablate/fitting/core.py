@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ablate.errors import UserError
+from ablate.core.errors import UserError
 
 from .forms import Form, predict_theta, theta_to_params
 from .optimize import fit_theta, ranked_grid, single_blas_thread

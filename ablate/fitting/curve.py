@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ablate.errors import UserError
+from ablate.core.errors import UserError
 
 from .forms import FORMS, predict_theta, theta_to_params
 from .optimize import fit_theta, single_blas_thread

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ablate.errors import UserError
+from ablate.core.errors import UserError
 
 REQUIRED_COLUMNS = ("params", "tokens", "loss")
 

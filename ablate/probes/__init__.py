@@ -3,8 +3,9 @@
 A probe is a class registered with `@register("probe", name)` that implements `ablate.probes.base.Probe`:
 `settings()` (what defines its results: hashed, so a run already probed with the same settings is skipped)
 and `run(model, batches) -> {metric: value}`. It reads attention only through the component contract
-(`attend_with_maps`, ablate.contract) and hidden states through forward hooks (`capture`), so it works
+(`attend_with_maps`, ablate.core.contract) and hidden states through forward hooks (`capture`), so it works
 for every attention kind, plugins included. Built in: `outliers` (Table 5), `quantization` (Figure 8).
+`run` runs them on a sweep's finished checkpoints (`ablate eval`); importing this package does not load it.
 """
 
 from ablate.probes.base import Probe, settings_key

@@ -1,6 +1,6 @@
 """How probes see inside a model: attention through the contract, hidden states through forward hooks.
 
-`route_attention` makes every block's attention run `attend_with_maps` (ablate.contract) for the
+`route_attention` makes every block's attention run `attend_with_maps` (ablate.core.contract) for the
 duration of a `with`, handing each layer's maps to a callback and/or transforming its logits;
 `block_outputs` hands each block's output (the residual stream after both residual additions) to a
 callback. Both undo themselves on exit, also on errors.
@@ -14,8 +14,8 @@ from contextlib import ExitStack, contextmanager
 import torch
 from torch import nn
 
-from ablate.contract import AnalysableAttention, AttentionMaps, LogitTransform, causal_mask
-from ablate.errors import UserError
+from ablate.core.contract import AnalysableAttention, AttentionMaps, LogitTransform, causal_mask
+from ablate.core.errors import UserError
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:
@@ -26,7 +26,7 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
             name = getattr(module, "registry_name", type(module).__qualname__)
             raise UserError(
                 f"eval.probes: attention {name!r} (layer {layer}) has no attend_with_maps "
-                "(ablate.contract); probes read attention only through it: implement it to probe "
+                "(ablate.core.contract); probes read attention only through it: implement it to probe "
                 "this variant"
             )
     return modules

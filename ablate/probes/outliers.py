@@ -16,10 +16,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ablate.core.registry import register
 from ablate.probes.base import Probe
 from ablate.probes.capture import block_outputs, causal_entries, route_attention
 from ablate.probes.order_stats import AbsOrderStats
-from ablate.registry import register
 
 TOPS = (1, 2, 3, 10, 100)  # Table 5's columns
 GROUPS = ("logits", "hidden")

@@ -30,11 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ablate.contract import causal_mask
-from ablate.errors import UserError
+from ablate.core.contract import causal_mask
+from ablate.core.errors import UserError
+from ablate.core.registry import register
 from ablate.probes.base import Probe
 from ablate.probes.capture import route_attention
-from ablate.registry import register
 
 GRANULARITIES = {"tensor": (1, 2, 3), "head": (2, 3), "row": (3,)}  # dims of (B, H, N, N) one scale spans
 NO_QUANTIZATION = 16

@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ablate.errors import UserError
-from ablate.registry import closest
+from ablate.core.errors import UserError
+from ablate.core.registry import closest
 from components.attention import blockwise
 
 BACKENDS = ("auto", "math", "sdpa", "sdpa_padded", "blockwise", "blocks", "flash_attn")
@@ -64,7 +64,7 @@ def check_backend(name: str, *, key: str = "backend") -> str:
 
 def cpu_has_amx(cpuinfo: str | None = None) -> bool:
     """Whether the CPU has AMX tiles (`amx_bf16` among /proc/cpuinfo's flags; the text is an input so tests
-    can pass any CPU). Read here, not through ablate.precision: components import only the registry's side
+    can pass any CPU). Read here, not through ablate.hardware.precision: components import only the registry's side
     of the engine (tests/ablate/test_layers.py)."""
     return "amx_bf16" in _cpu_flags(_machine_cpuinfo() if cpuinfo is None else cpuinfo)
 

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ablate.contract import AttentionMaps, LogitTransform
-from ablate.errors import UserError
-from ablate.registry import build, register
+from ablate.core.contract import AttentionMaps, LogitTransform
+from ablate.core.errors import UserError
+from ablate.core.registry import build, register
 from components.attention import backends
 from components.attention.softmax import KEY, kv_heads
 from components.norm import RMSNorm, rms_norm
@@ -117,7 +117,7 @@ class DiffAttention(nn.Module):
     def attend_with_maps(
         self, x: torch.Tensor, *, logit_transform: LogitTransform | None = None
     ) -> tuple[torch.Tensor, AttentionMaps]:
-        """`forward(x)` by the math path, with its maps (ablate.contract): logits = (Q1 K1^T, Q2 K2^T) / sqrt(d),
+        """`forward(x)` by the math path, with its maps (ablate.core.contract): logits = (Q1 K1^T, Q2 K2^T) / sqrt(d),
         each (B,h,N,N) float32 after `logit_transform` (Q1 and Q2 of head i meet K1 and K2 of its kv group);
         effective = A1 - λ A2 (Eq. 1), the maps the head's values are mixed by."""
         batch, n, _ = x.shape

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ablate.contract import AttentionMaps, LogitTransform
-from ablate.errors import UserError
-from ablate.registry import build, register
+from ablate.core.contract import AttentionMaps, LogitTransform
+from ablate.core.errors import UserError
+from ablate.core.registry import build, register
 from components.attention import backends
 from components.attention.softmax import KEY, kv_heads
 

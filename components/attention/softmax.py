@@ -7,9 +7,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ablate.contract import AttentionMaps, LogitTransform
-from ablate.errors import UserError
-from ablate.registry import build, register
+from ablate.core.contract import AttentionMaps, LogitTransform
+from ablate.core.errors import UserError
+from ablate.core.registry import build, register
 from components.attention import backends
 from components.norm import RMSNorm
 
@@ -87,7 +87,7 @@ class SoftmaxAttention(nn.Module):
     def attend_with_maps(
         self, x: torch.Tensor, *, logit_transform: LogitTransform | None = None
     ) -> tuple[torch.Tensor, AttentionMaps]:
-        """`forward(x)` by the math path, with its maps (ablate.contract): logits Q K^T / sqrt(d) (B,H,N,N),
+        """`forward(x)` by the math path, with its maps (ablate.core.contract): logits Q K^T / sqrt(d) (B,H,N,N),
         float32, after `logit_transform`; effective = A, the softmax of the (transformed) logits."""
         batch, n, _ = x.shape
         q, k, v = self.project(x)
@@ -121,5 +121,5 @@ class SoftmaxAttention(nn.Module):
         return projections + maps
 
     def describe(self) -> dict[str, object]:
-        """Table 6's columns: #heads, d, GN (the component contract, ablate.contract)."""
+        """Table 6's columns: #heads, d, GN (the component contract, ablate.core.contract)."""
         return {"heads": self.n_heads, "width": self.head_width, "per_head_norm": self.subln is not None}

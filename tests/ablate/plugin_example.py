@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ablate.registry import build, register
+from ablate.core.registry import build, register
 
 NAME = "test_local_attention"
 

@@ -1,4 +1,4 @@
-"""glibc malloc tuning (ablate.allocator): once tuned, a process that allocates and frees the same large
+"""glibc malloc tuning (ablate.hardware.allocator): once tuned, a process that allocates and frees the same large
 tensors step after step stops mapping fresh pages (each one a minor fault on first touch). Run in
 subprocesses: the setting is process-wide."""
 
@@ -11,7 +11,7 @@ import pytest
 STEPS = """
 import resource, sys, torch
 if sys.argv[1] == "tuned":
-    from ablate.allocator import tune_glibc_malloc
+    from ablate.hardware.allocator import tune_glibc_malloc
     print(tune_glibc_malloc(), file=sys.stderr)
 faults = []
 for _ in range(8):  # a training step's pattern: several large activations held together, then freed

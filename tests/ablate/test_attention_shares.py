@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from ablate.analysis import analysable, recorded_maps, row_shares, task_attention_metrics
-from ablate.contract import AttentionMaps
+from ablate.core.contract import AttentionMaps
+from ablate.core.registry import register
 from ablate.data.tasks.multi_needle import MultiNeedle
-from ablate.model import build_model
-from ablate.registry import register
+from ablate.model.decoder import build_model
 
 
 def _lam(layer: int, head: int) -> float:

@@ -14,13 +14,20 @@ import pytest
 import torch
 from cli_helpers import assert_one_line_error, run_cli
 
-from ablate.bench import COLUMNS, PEAK_SUSPECT, flop_ceilings, matmul_peak, model_flop_utilization, run_bench
-from ablate.budget import model_budget
-from ablate.device import CpuOps, CudaOps, device_ops
-from ablate.errors import UserError
-from ablate.estimate import calibrate
-from ablate.precision import ENV, autocast
-from ablate.recipe import load_recipe
+from ablate.core.errors import UserError
+from ablate.hardware.device import CpuOps, CudaOps, device_ops
+from ablate.hardware.precision import ENV, autocast
+from ablate.model.budget import model_budget
+from ablate.recipe.resolve import load_recipe
+from ablate.sweep.estimate import calibrate
+from ablate.train.bench import (
+    COLUMNS,
+    PEAK_SUSPECT,
+    flop_ceilings,
+    matmul_peak,
+    model_flop_utilization,
+    run_bench,
+)
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "table6.yaml"
 TINY_PEAK = {"peak_budget_s": 0.05, "peak_max_size": 256}  # seconds, not minutes, where bf16 is emulated
@@ -326,7 +333,7 @@ def test_a_long_step_still_says_it_is_running():
     """A step longer than the interval prints lines while it runs; a short one prints none."""
     import time
 
-    from ablate.bench import StillRunning
+    from ablate.train.bench import StillRunning
 
     lines: list[str] = []
     with StillRunning(lines.append, "warm-up 1/2: diff seq_len 1024", every=0.05):

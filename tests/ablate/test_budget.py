@@ -1,4 +1,4 @@
-"""`ablate.budget`: parameter counts against really built models, FLOPs against FlopCounterMode."""
+"""`ablate.model.budget`: parameter counts against really built models, FLOPs against FlopCounterMode."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ablate.budget import model_budget, relative_deviation
-from ablate.model import build_model
-from ablate.recipe import load_recipe
+from ablate.model.budget import model_budget, relative_deviation
+from ablate.model.decoder import build_model
+from ablate.recipe.resolve import load_recipe
 
 TABLE6 = Path(__file__).resolve().parents[2] / "recipes" / "table6.yaml"
 SEQ = 64
@@ -160,7 +160,7 @@ def test_table6_variants_are_matched_at_every_scale():
 
 
 def test_built_ins_are_counted_by_hand_and_describe_their_attention():
-    from ablate.budget import attention_shape
+    from ablate.model.budget import attention_shape
 
     for name, config in CONFIGS.items():
         assert model_budget(config, SEQ).counted == (), name

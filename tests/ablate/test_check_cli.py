@@ -11,10 +11,10 @@ import yaml
 from cli_helpers import assert_one_line_error, run_cli
 from torch.utils.flop_counter import FlopCounterMode
 
-from ablate.budget import model_budget
 from ablate.cli import main
-from ablate.model import build_model
-from ablate.recipe import load_recipe
+from ablate.model.budget import model_budget
+from ablate.model.decoder import build_model
+from ablate.recipe.resolve import load_recipe
 
 HERE = Path(__file__).resolve().parent
 TABLE6 = HERE.parents[1] / "recipes" / "table6.yaml"
@@ -297,8 +297,8 @@ def test_readme_add_a_component_example_builds_from_a_recipe(tmp_path, monkeypat
 
     import torch
 
-    from ablate.model import build_model
-    from ablate.recipe import load_recipe
+    from ablate.model.decoder import build_model
+    from ablate.recipe.resolve import load_recipe
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme.split("### Add a component", 1)[1]
@@ -333,7 +333,7 @@ def test_flags_are_never_abbreviated(capsys):
 
 def test_bench_flags_follow_run_benchs_keyword_arguments(monkeypatch):
     """A keyword argument added to `run_bench` (here `device`, `precision`) is an `ablate bench` flag."""
-    import ablate.bench
+    import ablate.train.bench
     from ablate.cli import parse_args
 
     def run_bench(
@@ -348,7 +348,7 @@ def test_bench_flags_follow_run_benchs_keyword_arguments(monkeypatch):
     ):
         """Stand-in with run_bench's shape plus two new options."""
 
-    monkeypatch.setattr(ablate.bench, "run_bench", run_bench)
+    monkeypatch.setattr(ablate.train.bench, "run_bench", run_bench)
     verb, values, overrides, _ = parse_args(
         ["bench", str(TABLE6), "--device", "cuda", "--precision=bf16", "--base.train.lr", "0.1"]
     )

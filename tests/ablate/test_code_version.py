@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from ablate.tracking import code_version
+from ablate.store.tracking import code_version
 
 
 def _git(repo: Path, *args: str) -> str:

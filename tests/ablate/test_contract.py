@@ -14,11 +14,11 @@ from cli_helpers import run_cli
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from ablate import contract
-from ablate.budget import model_budget
-from ablate.model import build_model
-from ablate.recipe import load_recipe
-from ablate.registry import build
+from ablate.core import contract
+from ablate.core.registry import build
+from ablate.model.budget import model_budget
+from ablate.model.decoder import build_model
+from ablate.recipe.resolve import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE6 = ROOT / "recipes" / "table6.yaml"
@@ -205,7 +205,7 @@ def test_readme_example_is_matched_beside_table6(tmp_path, capsys, readme_module
 
 PLUGIN_WITHOUT_POSITION = '''
 from torch import nn
-from ablate.registry import register
+from ablate.core.registry import register
 
 @register("attention", "no_rope_attention")
 class NoRope(nn.Module):

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ablate.core.errors import UserError
 from ablate.data import load_tokens, parse_data_config, prepare, vocab_size_for, vocab_size_of
 from ablate.data.corpus import open_text_corpus
 from ablate.data.shards import dtype_for, read_shards
 from ablate.data.tokenizers import ByteTokenizer, bpe_cache_path, get_tokenizer
-from ablate.errors import UserError
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "lambda", "theta", "sigma", "omega", "kappa"]
 

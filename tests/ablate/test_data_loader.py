@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from ablate.core.errors import UserError
 from ablate.data import TrainBatches, ValBatches, train_batch, val_starts
-from ablate.errors import UserError
 
 SEQ, MB = 16, 4
 

@@ -10,17 +10,11 @@ import os
 import numpy as np
 import pytest
 
-from ablate.errors import UserError
-from ablate.fit import (
-    Point,
-    fit_loss_curve,
-    fit_points,
-    read_points_csv,
-    run_fit_csv,
-    write_fit,
-)
+from ablate.core.errors import UserError
+from ablate.fitting import Point, fit_loss_curve, fit_points, read_points_csv
 from ablate.fitting.core import draw_weights
 from ablate.fitting.forms import FORMS
+from ablate.report.fit import run_fit_csv, write_fit
 
 SIZES = np.geomspace(1e7, 1e9, 8)
 

@@ -1,4 +1,4 @@
-"""Per-layer statistics (`ablate.layer_stats`) against RMS values the test computes itself."""
+"""Per-layer statistics (`ablate.train.layer_stats`) against RMS values the test computes itself."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pytest
 import torch
 from mini_project import write_recipe
 
-from ablate import tracking
 from ablate.data import ValBatches, load_tokens
-from ablate.layer_stats import EMBED, attn_out_key, layer_rms, residual_key
-from ablate.model import build_model
-from ablate.recipe import load_recipe
-from ablate.train import run_dir, train_run
+from ablate.model.decoder import build_model
+from ablate.recipe.resolve import load_recipe
+from ablate.store import tracking
+from ablate.train.layer_stats import EMBED, attn_out_key, layer_rms, residual_key
+from ablate.train.loop import run_dir, train_run
 
 CONFIGS = {
     "softmax": {"attention": {"name": "softmax"}},

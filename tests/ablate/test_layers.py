@@ -1,9 +1,11 @@
-"""The import contract: dependencies point one way (`cli -> sweep -> train -> model -> registry <- components`).
+"""The import contract: the folders of `ablate/` are its layers, dependencies point down, and nothing circles.
 
 Every `import` in the engine (module level or inside a function: a lazy import is still a dependency) is
-read with `ast`. A module may import its own layer or the layers below it, never one above; a component
-(`components/`) imports from the engine only `ablate.registry`, `ablate.contract` and `ablate.errors`.
-The layout stays flat (one folder, `ablate/`): the layers are written down here instead of as folders.
+read with `ast`; `from pkg import name` counts as importing the module `pkg.name` where that is a module.
+Three rules:
+- a sub-package imports its own modules or those of a sub-package below it, never one above (`LAYERS`);
+- no import circle anywhere, between modules of one sub-package either;
+- a component (`components/`) imports from the engine only `ablate.core.registry`, `.contract`, `.errors`.
 """
 
 from __future__ import annotations
@@ -15,48 +17,47 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Top to bottom. A module imports modules of its own layer or of a lower one.
-LAYERS: list[set[str]] = [
-    {"cli"},
-    {"rank", "bench"},  # entry points that train or time models
-    {"sweep", "evaluate"},  # plan/run many trials
-    {
-        "fit_runs",
-        "report",
-        "report_checks",
-        "probe_report",
-        "task_report",
-    },  # read finished runs (MLflow, files), never train
-    {"study", "fit", "fitting"},  # a sweep's study read and located; fitting laws
-    {"train", "check", "estimate"},
-    {"launch", "metrics", "allocator", "tracking", "server", "progress", "layer_stats"},
-    {"recipe", "search", "matching", "budget"},  # a recipe resolves to runs (solving match: knobs)
-    {
-        "data",
-        "task_data",
-        "model",
-        "interop",
-        "probes",
-        "analysis",
-    },  # probes: kind `probe`, read models through the contract
-    {"registry", "contract"},
-    {"config", "tables", "stats", "plots", "precision", "device"},
-    {"errors"},
+# The folders of ablate/, top to bottom: the way a recipe's data flows, read upwards. (README: "Where
+# things live" says what each holds.) A sub-package imports its own layer or lower ones.
+LAYERS: list[str] = [
+    "cli",  # the verbs
+    "sweep",  # many trials: plan, claim, run, report
+    "probes",  # kind `probe` and running them on finished runs (`ablate eval`)
+    "report",  # tables, checks, statistics, plots of finished runs; fit reports
+    "fitting",  # scaling-law and loss-curve fits (numbers in, numbers out)
+    "train",  # one run: the Lightning loop, its launch, progress, metrics; bench
+    "store",  # MLflow (tracking, server) and the Optuna study's location
+    "recipe",  # YAML -> typed runs: resolve, match, search, check
+    "analysis",  # attention analyses of trained models on tasks
+    "model",  # the decoder from registered components; its budget; interop
+    "data",  # corpora, tokenizers, shards, batches; tasks
+    "hardware",  # device seam, precision, allocator
+    "core",  # errors, typed config, registry, contract, table text
 ]
-COMPONENTS_MAY_IMPORT = {"ablate.registry", "ablate.contract", "ablate.errors"}
+COMPONENTS_MAY_IMPORT = {"ablate.core.registry", "ablate.core.contract", "ablate.core.errors"}
+
+
+def module_name(path: Path, root: Path = ROOT) -> tuple[str, str]:
+    """(module, its package) for a file under `root`."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    package = ".".join(parts[:-1])
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts), package
 
 
 def layer_of(module: str) -> int:
-    """'ablate.data.tokens' -> the index of the layer that holds 'data'."""
+    """'ablate.data.tokens' -> the index of 'data' in LAYERS ('ablate.cli' -> 'cli')."""
     top = module.split(".")[1] if module.count(".") else ""
-    for i, layer in enumerate(LAYERS):
-        if top in layer:
-            return i
-    raise AssertionError(f"{module}: in no layer of tests/ablate/test_layers.py; add it to one")
+    if top not in LAYERS:
+        raise AssertionError(
+            f"{module}: in no layer of tests/ablate/test_layers.py; add its folder to LAYERS"
+        )
+    return LAYERS.index(top)
 
 
-def imports_of(path: Path, package: str) -> list[tuple[int, str]]:
-    """(line, imported module) for every import in the file, relative imports resolved."""
+def imports_of(path: Path, package: str, modules: set[str]) -> list[tuple[int, str]]:
+    """(line, imported engine module) for every import in the file, relative imports resolved."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -68,41 +69,100 @@ def imports_of(path: Path, package: str) -> list[tuple[int, str]]:
             else:
                 module = node.module or ""
             found.append((node.lineno, module))
-            found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names if module == "ablate"]
+            found += [
+                (node.lineno, f"{module}.{a.name}") for a in node.names if f"{module}.{a.name}" in modules
+            ]
+    return [(line, name) for line, name in found if name == "ablate" or name.startswith("ablate.")]
+
+
+def graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
+    """{module: {imported engine module: line}} over ablate/ (`ablate.x.y.Name` trimmed to its module)."""
+    files = {module_name(p, root): p for p in sorted((root / "ablate").rglob("*.py"))}
+    modules = {m for m, _ in files}
+    edges: dict[str, dict[str, int]] = {}
+    for (module, package), path in files.items():
+        edges[module] = {}
+        for line, imported in imports_of(path, package, modules):
+            while imported not in modules and "." in imported:
+                imported = imported.rsplit(".", 1)[0]
+            if imported != module:
+                edges[module].setdefault(imported, line)
+    return edges
+
+
+def circles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The import circles (strongly connected components of more than one module), each as an import
+    path from its first module (by name) back to it. A package's `__init__` importing its own modules is
+    not a circle with them: `ablate.x` and `ablate.x.y` are separate nodes."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:  # Tarjan, recursive: the engine has ~100 modules
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(_path_around(min(component), set(component), edges))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
     return found
 
 
-def module_name(path: Path, root: Path = ROOT) -> tuple[str, str]:
-    """(module, its package) for a file under ROOT."""
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    package = ".".join(parts[:-1])
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts), package
+def _path_around(start: str, component: set[str], edges: dict[str, dict[str, int]]) -> list[str]:
+    """A shortest import path from `start` back to itself inside one circle (breadth first)."""
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for nxt in sorted(edges.get(node, {})):
+            if nxt == start:
+                return paths[node]
+            if nxt in component and nxt not in paths:
+                paths[nxt] = paths[node] + [nxt]
+                queue.append(nxt)
+    raise AssertionError(f"{start}: no path back inside its circle")
 
 
 def violations(root: Path = ROOT) -> list[str]:
     problems = []
-    for path in sorted((root / "ablate").rglob("*.py")):
-        module, package = module_name(path, root)
+    edges = graph(root)
+    for module, imported in sorted(edges.items()):
         if module == "ablate":
             continue
         own = layer_of(module)
-        for line, imported in imports_of(path, package):
-            if not imported.startswith("ablate.") or imported.split(".")[1] == module.split(".")[1]:
+        path = root / Path(*module.split(".")).with_suffix(".py")
+        path = path if path.exists() else root / Path(*module.split(".")) / "__init__.py"
+        for target, line in sorted(imported.items()):
+            if target == "ablate":
                 continue
-            if layer_of(imported) < own:
+            if layer_of(target) < own:
                 problems.append(
-                    f"{path.relative_to(root)}:{line}: {module} (layer {own}) imports {imported} "
-                    f"(layer {layer_of(imported)}, above it)"
+                    f"{path.relative_to(root)}:{line}: {module} ({LAYERS[own]}) imports {target} "
+                    f"({LAYERS[layer_of(target)]}, above it)"
                 )
+    for circle in circles(edges):
+        problems.append(f"import circle: {' -> '.join(circle)} -> {circle[0]}")
     for path in sorted((root / "components").rglob("*.py")):
         module, package = module_name(path, root)
-        for line, imported in imports_of(path, package):
-            if (
-                imported.startswith("ablate")
-                and imported not in COMPONENTS_MAY_IMPORT
-                and not any(imported.startswith(allowed + ".") for allowed in COMPONENTS_MAY_IMPORT)
+        for line, imported in imports_of(path, package, set()):
+            if imported not in COMPONENTS_MAY_IMPORT and not any(
+                imported.startswith(allowed + ".") for allowed in COMPONENTS_MAY_IMPORT
             ):
                 problems.append(
                     f"{path.relative_to(root)}:{line}: component {module} imports {imported}; "
@@ -111,36 +171,50 @@ def violations(root: Path = ROOT) -> list[str]:
     return problems
 
 
-def test_dependencies_point_one_way():
+def test_dependencies_point_down_and_never_circle():
     problems = violations()
     assert not problems, "\n".join(problems)
 
 
-def test_every_engine_module_has_a_layer():
+def test_every_engine_folder_is_a_layer():
     for path in (ROOT / "ablate").rglob("*.py"):
         module, _ = module_name(path)
         if module != "ablate":
             layer_of(module)
 
 
+def test_no_module_is_left_at_the_top_but_the_command_line():
+    """The house is in folders: beside the package's `__init__`, only `cli.py` sits in `ablate/`."""
+    assert sorted(p.name for p in (ROOT / "ablate").glob("*.py")) == ["__init__.py", "cli.py"]
+
+
 @pytest.mark.parametrize(
     ("where", "line", "fragment"),
     [
-        (
-            "ablate/model.py",
-            "from ablate.sweep import run_sweep\n",
-            "ablate.model (layer 8) imports ablate.sweep",
+        (  # upward, across layers (interop: a module no sweep code imports, so no circle either)
+            "ablate/model/interop.py",
+            "from ablate.sweep.run import run_sweep\n",
+            "ablate.model.interop (model) imports ablate.sweep.run (sweep, above it)",
         ),
-        ("ablate/errors.py", "    from ablate import registry\n", "imports ablate.registry"),
+        (  # a circle inside one layer: registry imports config, config errors; errors now imports registry
+            "ablate/core/errors.py",
+            "    from ablate.core import registry\n",
+            "import circle: ablate.core.config -> ablate.core.errors -> ablate.core.registry -> ablate.core.config",
+        ),
+        (  # a circle inside one layer, written as a lazy relative import
+            "ablate/store/tracking.py",
+            "    from . import study\n",
+            "import circle: ablate.store.study -> ablate.store.tracking -> ablate.store.study",
+        ),
         (
             "components/norm.py",
-            "from ablate.model import ModelConfig\n",
-            "component components.norm imports ablate.model",
+            "from ablate.model.decoder import ModelConfig\n",
+            "component components.norm imports ablate.model.decoder",
         ),
     ],
 )
-def test_a_planted_upward_import_is_found(tmp_path, where, line, fragment):
-    """The contract can fail: a copy of the tree with one upward import planted is refused."""
+def test_a_planted_bad_import_is_found(tmp_path, where, line, fragment):
+    """The contract can fail: a copy of the tree with one bad import planted is refused, once."""
     for folder in ("ablate", "components"):
         for path in (ROOT / folder).rglob("*.py"):
             target = tmp_path / path.relative_to(ROOT)

@@ -9,10 +9,10 @@ import pytest
 import yaml
 from cli_helpers import assert_one_line_error, run_cli
 
-from ablate.budget import model_budget
-from ablate.errors import UserError
-from ablate.model import build_model
-from ablate.recipe import load_recipe
+from ablate.core.errors import UserError
+from ablate.model.budget import model_budget
+from ablate.model.decoder import build_model
+from ablate.recipe.resolve import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 DIFF_V2 = ROOT / "recipes" / "diff-v2.yaml"

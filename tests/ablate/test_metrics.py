@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ablate.metrics import ar_hit_mask, merge_sums, slice_summary, sliced_loss_sums, unigram_entropy
+from ablate.train.metrics import ar_hit_mask, merge_sums, slice_summary, sliced_loss_sums, unigram_entropy
 
 
 def brute_force_mask(seq: list[int]) -> list[bool]:

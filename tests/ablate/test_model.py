@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablate.errors import UserError
-from ablate.model import DecoderLM, ModelConfig, build_model
-from ablate.recipe import load_recipe
+from ablate.core.errors import UserError
+from ablate.model.decoder import DecoderLM, ModelConfig, build_model
+from ablate.recipe.resolve import load_recipe
 from components.attention.diff import DiffAttention
 from components.attention.softmax import SoftmaxAttention
 

@@ -11,10 +11,9 @@ import pytest
 import torch
 from mini_project import write_recipe
 
-from ablate import tracking
-from ablate.config import PRECISIONS, TrainConfig
-from ablate.errors import UserError
-from ablate.precision import (
+from ablate.core.config import PRECISIONS, TrainConfig
+from ablate.core.errors import UserError
+from ablate.hardware.precision import (
     ENV,
     choose_precision,
     compute_dtype,
@@ -22,8 +21,9 @@ from ablate.precision import (
     native_bf16,
     training_device,
 )
-from ablate.recipe import load_recipe
-from ablate.train import train_run
+from ablate.recipe.resolve import load_recipe
+from ablate.store import tracking
+from ablate.train.loop import train_run
 
 # Two logical CPUs each, flags lines as Linux prints them (shortened in the middle, the bf16 flags kept).
 ZEN3_AVX2 = """processor\t: 0

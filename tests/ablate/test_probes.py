@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ablate import registry
-from ablate.contract import causal_mask
-from ablate.errors import UserError
-from ablate.model import build_model
+from ablate.core import registry
+from ablate.core.contract import causal_mask
+from ablate.core.errors import UserError
+from ablate.model.decoder import build_model
 from ablate.probes import ActivationOutliers, LogitQuantization, absmax_quantize, route_attention
 from ablate.probes.order_stats import AbsOrderStats
 from ablate.probes.outliers import TOPS
@@ -249,9 +249,10 @@ def test_probes_are_a_registry_kind():
 def test_probe_tables_on_known_numbers():
     from types import SimpleNamespace
 
-    from ablate.probe_report import group_tables, summary_groups
+    from ablate.recipe.resolve import Variant
+    from ablate.report.probes import group_tables, summary_groups
 
-    recipe = SimpleNamespace(variants={"a": {"label": "A"}, "b": {"label": "B"}})
+    recipe = SimpleNamespace(variants={"a": Variant(label="A"), "b": Variant(label="B")})
     ctx = SimpleNamespace(recipe=recipe, scale="tiny")
     records = [
         SimpleNamespace(variant=v, seed=s, size="", state="finished", run_id=f"{v}{s}")

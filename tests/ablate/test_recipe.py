@@ -11,9 +11,9 @@ import pytest
 import yaml
 from cli_helpers import assert_one_line_error, run_cli
 
-from ablate.config import deep_merge, set_dotted
-from ablate.errors import UserError
-from ablate.recipe import load_recipe, parse_overrides
+from ablate.core.config import deep_merge, set_dotted
+from ablate.core.errors import UserError
+from ablate.recipe.resolve import load_recipe, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE6 = ROOT / "recipes" / "table6.yaml"
@@ -572,13 +572,13 @@ def test_a_file_name_that_is_no_safe_name_needs_a_name_key(tmp_path, capsys):
 )
 def test_component_options_are_checked_when_the_recipe_loads(tmp_path, monkeypatch, options, fragments):
     """Against the constructor's signature and type hints, before any model or data is built."""
-    import ablate.model
-    from ablate import registry
+    import ablate.model.decoder
+    from ablate.core import registry
 
     def never(*args, **kwargs):
         raise AssertionError("a model was built while loading the recipe")
 
-    monkeypatch.setattr(ablate.model, "build_model", never)
+    monkeypatch.setattr(ablate.model.decoder, "build_model", never)
     monkeypatch.setattr(registry, "build", never)
     raw = recipe_dict(variants__diff__model__attention={"name": "diff", **options})
     with pytest.raises(UserError) as info:
@@ -638,7 +638,7 @@ def test_recipe_sections_other_issues_add_are_typed(tmp_path):
     ],
 )
 def test_search_spec_mistakes_are_one_line(tmp_path, text, fragment):
-    from ablate.search import load_search_spec
+    from ablate.recipe.search import load_search_spec
 
     with pytest.raises(UserError, match=re.escape(fragment)):
         load_search_spec(write(tmp_path, text, "spec.yaml"))

@@ -8,8 +8,8 @@ import pytest
 from cli_helpers import assert_one_line_error, run_cli
 from torch import nn
 
-from ablate import registry
-from ablate.errors import UserError
+from ablate.core import registry
+from ablate.core.errors import UserError
 from components.attention.diff import DiffAttention
 from components.attention.softmax import SoftmaxAttention
 from components.norm import RMSNorm

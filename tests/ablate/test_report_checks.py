@@ -1,4 +1,4 @@
-"""The report's statements about itself (ablate.report_checks, report.honesty_checks) on synthetic runs
+"""The report's statements about itself (ablate.report.checks, report.honesty_checks) on synthetic runs
 whose answers are known by construction."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from ablate import report_checks as rc
-from ablate.report import RunRecord, honesty_checks, row_diffs, table_rows
-from ablate.stats import paired_difference
+from ablate.report import checks as rc
+from ablate.report.stats import paired_difference
+from ablate.report.table import RunRecord, honesty_checks, row_diffs, table_rows
 
 WARMUP = 10_000.0  # tokens: 10 steps x 1000
 VALIDATIONS = [2e4, 4e4, 6e4, 8e4, 1e5]
@@ -50,9 +50,16 @@ def record(
 
 
 def context(scale: str = "cpu", raw_scales: dict | None = None):
-    variants = {"a": {"label": "Transformer"}, "b": {"label": "Diff"}, "c": {"label": "Transformer"}}
+    from ablate.recipe.resolve import ScaleOverlay, Variant
+
+    variants = {
+        "a": Variant(label="Transformer"),
+        "b": Variant(label="Diff"),
+        "c": Variant(label="Transformer"),
+    }
+    scales = raw_scales or {scale: {}}
     recipe = SimpleNamespace(
-        variants=variants, raw={"variants": variants, "scales": raw_scales or {scale: {}}}
+        variants=variants, scale_overlay=lambda name: ScaleOverlay(**scales.get(name, {}))
     )
     return SimpleNamespace(recipe=recipe, scale=scale)
 

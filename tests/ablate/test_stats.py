@@ -1,4 +1,4 @@
-"""ablate.stats against hand-computed intervals and simulations with known answers."""
+"""ablate.report.stats against hand-computed intervals and simulations with known answers."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from ablate.stats import (
+from ablate.report.stats import (
     Interval,
     PairedDiff,
     format_ci,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from ablate.task_report import accuracy_table, attention_table, heatmap_grids, plot_heatmaps
+from ablate.report.tasks import accuracy_table, attention_table, heatmap_grids, plot_heatmaps
 
 ORDER = ["transformer", "diff"]
 LABELS = {"transformer": "Transformer", "diff": "Diff"}

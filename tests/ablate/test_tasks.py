@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from ablate import registry
+from ablate.core import registry
+from ablate.core.errors import UserError
+from ablate.data.task_batches import TaskTrainBatches, TaskValBatches, build_task, check_fits, collate
 from ablate.data.tasks import PAD, Task
 from ablate.data.tasks.mqar import MQAR
 from ablate.data.tasks.multi_needle import BOS, IS, NEEDLE, QUERY, MultiNeedle
-from ablate.errors import UserError
-from ablate.metrics import task_summary, task_sums
-from ablate.task_data import TaskTrainBatches, TaskValBatches, build_task, check_fits, collate
+from ablate.train.metrics import task_summary, task_sums
 
 LEVELS = [[1, 1], [2, 2], [4, 2], [6, 2]]
 
@@ -223,7 +223,7 @@ def test_a_task_is_a_task_subclass():
 def test_retrieval_recipe_resolves_and_its_task_fits(scale):
     from pathlib import Path
 
-    from ablate.recipe import load_recipe
+    from ablate.recipe.resolve import load_recipe
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "retrieval.yaml"
     runs = load_recipe(recipe).resolve(scale, seeds=[0])

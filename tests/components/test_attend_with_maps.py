@@ -1,4 +1,4 @@
-"""`attend_with_maps` (ablate.contract) of softmax and differential attention, against float64 formulas
+"""`attend_with_maps` (ablate.core.contract) of softmax and differential attention, against float64 formulas
 written here: logits Q K^T / sqrt(d), effective maps, output; the logit transform; equality with forward."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from ablate.contract import AnalysableAttention, causal_mask
-from ablate.registry import build
+from ablate.core.contract import AnalysableAttention, causal_mask
+from ablate.core.registry import build
 
 D_MODEL, HEAD_DIM, BATCH, SEQ = 96, 8, 2, 7
 

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from ablate.errors import UserError
-from ablate.registry import build
+from ablate.core.errors import UserError
+from ablate.core.registry import build
 from components.attention import backends
 
 FUSED_CPU = "aten::_scaled_dot_product_flash_attention_for_cpu"

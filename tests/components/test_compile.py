@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ablate.model import build_model
+from ablate.model.decoder import build_model
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""What the built-in components tell the engine through `ablate.contract`: their columns, their λ rule, and
+"""What the built-in components tell the engine through `ablate.core.contract`: their columns, their λ rule, and
 FLOPs of element-wise components (zero, by the convention)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from ablate import contract
-from ablate.registry import build
+from ablate.core import contract
+from ablate.core.registry import build
 
 STRUCTURE = {
     "d_model": 96,

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from ablate.errors import UserError
-from ablate.registry import build
+from ablate.core.errors import UserError
+from ablate.core.registry import build
 
 D_MODEL, HEAD_DIM, LAYER = 96, 8, 3  # h = 6 diff heads of width 8 (V width 16)
 BATCH, SEQ = 2, 9

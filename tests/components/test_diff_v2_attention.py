@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ablate.contract import counted_flops
-from ablate.errors import UserError
-from ablate.interop import load_reference_diff_v2_attention
-from ablate.registry import build
+from ablate.core.contract import counted_flops
+from ablate.core.errors import UserError
+from ablate.core.registry import build
+from ablate.model.interop import load_reference_diff_v2_attention
 from components.attention.diff_v2 import DiffV2Attention
 
 D_MODEL, HEAD_DIM = 64, 8  # h = 8 output heads (16 query heads of width 8) with heads_mult 1

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from ablate.registry import build
+from ablate.core.registry import build
 from components.attention import backends, blockwise
 
 CUDA = torch.device("cuda")  # a device object only: nothing runs on it

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from ablate.errors import UserError
-from ablate.interop import load_reference_diff_attention
+from ablate.core.errors import UserError
+from ablate.model.interop import load_reference_diff_attention
 
 EMBED, HEADS = 96, 6  # reference: num_heads = 6 diff heads, head_dim = 96 // 6 // 2 = 8
 HEAD_DIM = EMBED // HEADS // 2

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from ablate.errors import UserError
-from ablate.registry import build, entries
+from ablate.core.errors import UserError
+from ablate.core.registry import build, entries
 
 
 @pytest.mark.parametrize("layer", range(1, 25))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ablate.registry import build
+from ablate.core.registry import build
 from components.norm import rms_norm
 
 

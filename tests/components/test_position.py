@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from ablate.errors import UserError
-from ablate.registry import build
+from ablate.core.errors import UserError
+from ablate.core.registry import build
 
 
 def rotate(x: torch.Tensor, style: str, theta: float) -> torch.Tensor:

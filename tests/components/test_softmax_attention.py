@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ablate.errors import UserError
-from ablate.registry import build
+from ablate.core.errors import UserError
+from ablate.core.registry import build
 
 D_MODEL, HEAD_DIM = 96, 8
 BATCH, SEQ = 2, 9

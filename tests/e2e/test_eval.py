@@ -16,11 +16,11 @@ import mlflow
 import pytest
 from mini_project import cli_command, run_cli, write_recipe
 
-from ablate import tracking
 from ablate.cli import main
-from ablate.errors import UserError
-from ablate.evaluate import eval_settings, probe_after_trial, run_eval
-from ablate.recipe import load_recipe
+from ablate.core.errors import UserError
+from ablate.probes.run import eval_settings, probe_after_trial, run_eval
+from ablate.recipe.resolve import load_recipe
+from ablate.store import tracking
 
 SLOW_PROBE = '''
 """A plugin probe for the kill test: it records each call as a file and, while `block` exists, hangs on
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from ablate.probes.base import Probe
-from ablate.registry import register
+from ablate.core.registry import register
 
 
 @register("probe", "slow")

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from mini_project import write_recipe
 
-from ablate import tracking
 from ablate.cli import main
+from ablate.store import tracking
 
 # d_model 16..64 (head_dim 8: 2..8 Transformer heads, 1..4 Diff heads): non-embedding params 3.1K..99K.
 SIZES = {

@@ -1,4 +1,4 @@
-"""A training run's progress line (`ablate.progress`): optimizer steps, tokens, loss, tok/s, ETA."""
+"""A training run's progress line (`ablate.train.progress`): optimizer steps, tokens, loss, tok/s, ETA."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import mlflow
 import torch
 from mini_project import run_cli
 
-from ablate import tracking
-from ablate.progress import StepProgress, format_duration, progress_line
+from ablate.store import tracking
+from ablate.train.progress import StepProgress, format_duration, progress_line
 
 
 def test_progress_line_counts_steps_tokens_and_time_left():

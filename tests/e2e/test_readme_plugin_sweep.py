@@ -11,7 +11,7 @@ import mlflow
 import yaml
 from mini_project import MINI, run_cli, write_recipe
 
-from ablate import tracking
+from ablate.store import tracking
 
 ROOT = Path(__file__).resolve().parents[2]
 

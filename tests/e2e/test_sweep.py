@@ -18,9 +18,9 @@ import pytest
 from mini_project import run_cli, write_recipe
 from optuna.trial import TrialState
 
-from ablate import tracking
 from ablate.cli import main
-from ablate.report import RunRecord, table_rows
+from ablate.report.table import RunRecord, table_rows
+from ablate.store import tracking
 
 
 def _study(workspace: Path, name: str = "mini"):
@@ -264,3 +264,31 @@ def test_search_spec_errors_are_one_line_exit_2(tmp_path, capsys):
     code = main(["sweep", str(recipe), "--yes", "--workspace", str(tmp_path / "ws"), "--search", str(spec)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "space.train.lr" in err and "base." in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_tiny_table6_sweep_resolves_its_recipe_once(tmp_path, monkeypatch):
+    """The recipe becomes runs once (`Recipe.resolve`, where `match:` knobs are solved and every section
+    is checked): loading at --scale, the check table, the plan, enqueueing, every trial and the report all
+    use those typed runs. Seven rows, two steps each, on the mini corpus."""
+    from mini_project import write_corpus
+
+    from ablate.recipe.resolve import Recipe
+
+    calls = []
+    resolve = Recipe.resolve
+
+    def counted(self, *args, **kwargs):
+        calls.append((args, kwargs))
+        return resolve(self, *args, **kwargs)
+
+    monkeypatch.setattr(Recipe, "resolve", counted)
+    table6 = Path(__file__).resolve().parents[2] / "recipes" / "table6.yaml"
+    short = {"steps": 2, "warmup_steps": 1, "val_every": 2, "val_batches": 1, "log_every": 1}
+    argv = _sweep_args(table6, tmp_path, "--scale", "tiny")
+    argv += [f"--base.train.{key}={value}" for key, value in short.items()]
+    argv += [f"--base.data.source={write_corpus(tmp_path / 'corpus')}"]
+    assert main(argv) == 0
+    study = _study(tmp_path / "ws", "table6-tiny")
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE] * 7
+    assert len(calls) == 1, calls

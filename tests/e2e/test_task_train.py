@@ -14,19 +14,19 @@ import torch
 import yaml
 from torch import nn
 
-from ablate import tracking
 from ablate.cli import main
-from ablate.contract import AttentionMaps
-from ablate.recipe import load_recipe
-from ablate.registry import register
-from ablate.train import train_run
+from ablate.core.contract import AttentionMaps
+from ablate.core.registry import register
+from ablate.recipe.resolve import load_recipe
+from ablate.store import tracking
+from ablate.train.loop import train_run
 
 PLUGIN = '''
 """A user's task: copy the first token to the end."""
 import numpy as np
 
 from ablate.data.tasks import Sample, Task
-from ablate.registry import register
+from ablate.core.registry import register
 
 
 @register("task", "test_copy_first")
@@ -264,8 +264,8 @@ def test_task_sweep_writes_the_task_report(tmp_path, capsys):
 def test_training_loss_is_on_the_answers_or_on_every_real_token(tmp_path, task_loss):
     import torch.nn.functional as F
 
-    from ablate.model import build_model
-    from ablate.task_data import TaskTrainBatches, build_task
+    from ablate.data.task_batches import TaskTrainBatches, build_task
+    from ablate.model.decoder import build_model
 
     recipe = _write(
         tmp_path,

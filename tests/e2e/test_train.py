@@ -12,10 +12,10 @@ import pytest
 import torch
 from mini_project import write_recipe
 
-from ablate import tracking
 from ablate.cli import main
-from ablate.recipe import load_recipe
-from ablate.train import lr_factor, train_run
+from ablate.recipe.resolve import load_recipe
+from ablate.store import tracking
+from ablate.train.loop import lr_factor, train_run
 
 
 def _run(recipe_path: Path, variant: str, overrides=(), seed: int = 0):
@@ -76,7 +76,12 @@ def test_run_records_metrics_params_tags_and_recipe(mini_recipe, tmp_path):
         assert key in metrics, key
     assert run.data.params["model.d_model"] == "32" and run.data.params["train.lr"] == "0.003"
     tags = run.data.tags
-    assert (tags["ablate.recipe"], tags["ablate.variant"], tags["ablate.scale"], tags["ablate.seed"]) == (
+    assert (
+        tags["ablate.recipe"],
+        tags["ablate.variant"],
+        tags["ablate.scale"],
+        tags["ablate.seed"],
+    ) == (
         "mini",
         "diff",
         "paper",

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from mini_project import write_recipe
 
-from ablate import tracking
 from ablate.cli import main
-from ablate.launch import free_port
+from ablate.store import tracking
+from ablate.train.launch import free_port
 
 
 def _descendants(pid: int) -> set[int]:

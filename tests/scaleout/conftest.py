@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # scaleout_helpers, whatever the
 
 from scaleout_helpers import cli_command, cli_env  # noqa: E402
 
-from ablate.launch import free_port  # noqa: E402
+from ablate.train.launch import free_port  # noqa: E402
 
 UNPRIVILEGED_USER = "nobody"
 

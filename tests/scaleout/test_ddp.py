@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from scaleout_helpers import cli_command, cli_env, run_cli, write_recipe
 
-from ablate import tracking
 from ablate.data import TrainBatches, load_tokens, train_batch
-from ablate.launch import free_port
-from ablate.model import build_model
-from ablate.recipe import load_recipe
+from ablate.model.decoder import build_model
+from ablate.recipe.resolve import load_recipe
+from ablate.store import tracking
+from ablate.train.launch import free_port
 
 pytestmark = pytest.mark.scaleout
 

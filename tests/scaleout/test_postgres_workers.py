@@ -22,7 +22,7 @@ pytestmark = pytest.mark.scaleout
 
 
 def _load_study(url: str, name: str = "mini"):
-    from ablate.tracking import database_url
+    from ablate.store.tracking import database_url
 
     return optuna.load_study(study_name=name, storage=database_url(url))
 

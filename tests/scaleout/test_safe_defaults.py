@@ -16,7 +16,7 @@ import yaml
 
 import ablate
 from ablate.cli import parse_args
-from ablate.config import _Loader
+from ablate.core.config import _Loader
 
 pytestmark = pytest.mark.scaleout
 
@@ -117,7 +117,7 @@ def test_no_shell():
 
 
 def test_yaml_is_loaded_safely():
-    assert issubclass(_Loader, yaml.SafeLoader)  # the loader behind ablate.config.load_yaml
+    assert issubclass(_Loader, yaml.SafeLoader)  # the loader behind ablate.core.config.load_yaml
     assert yaml_problems(SOURCES) == []
 
 
@@ -156,7 +156,7 @@ def test_servers_listen_on_loopback_by_default(verb):
 
 
 def test_server_command_is_an_argument_list_with_the_host_given():
-    from ablate.server import server_command, url_for
+    from ablate.store.server import server_command, url_for
 
     cmd = server_command("sqlite:///x.db; rm -rf /", Path("/tmp/a b"), "127.0.0.1", 5000)
     assert (

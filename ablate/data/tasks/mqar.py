@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from ablate.core.errors import UserError
+from ablate.core.registry import register
 from ablate.data.tasks.base import Sample, Task
-from ablate.errors import UserError
-from ablate.registry import register
 
 KEY = "data.task"
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from ablate.core.errors import UserError
+from ablate.core.registry import register
 from ablate.data.tasks.base import PAD, Sample, Task
-from ablate.errors import UserError
-from ablate.registry import register
 
 BOS, NEEDLE, IS, QUERY = 1, 2, 3, 4
 FIRST_FREE = 5  # ids below are PAD and the markers above

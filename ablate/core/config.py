@@ -1,0 +1,409 @@
+"""Typed sections of a resolved run config, and the small helpers that merge and check them."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import math
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import yaml
+from jsonargparse.typing import (
+    ClosedUnitInterval,
+    NonNegativeFloat,
+    NonNegativeInt,
+    OpenUnitInterval,
+    PositiveFloat,
+    PositiveInt,
+)
+
+from ablate.core.errors import UserError, closest
+
+COMPONENT_KEYS = ("attention", "norm", "ffn", "position")
+# Keys whose value may be a bare name standing for {name: ...}: components and the like.
+NAMED_SPEC_KEYS = (*COMPONENT_KEYS, "lambda_init", "tokenizer")
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe loading, with floats as YAML 1.2 and every researcher reads them: 1e-3 is 0.001, not a string."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^[-+]?(?:\d[\d_]*)?(?:\.\d*)?[eE][-+]?\d+$|^[-+]?\d[\d_]*\.\d*$|^[-+]?\.\d+$"
+        r"|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"
+    ),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> object:
+    """`yaml.safe_load`, reading 1e-3 as a float. Never constructs arbitrary objects."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (_Loader is a SafeLoader)
+
+
+def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """`overlay` on top of `base`, recursively. A component spec that names another component
+    (different `name` or `class_path`) replaces the base spec instead of merging into it, so
+    `attention: {name: diff}` never inherits softmax's options."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in overlay.items():
+        old = merged.get(key)
+        if isinstance(old, str) and isinstance(value, Mapping) and not {"name", "class_path"} & set(value):
+            old = {"name": old}  # `ffn: swiglu` in base + `ffn: {hidden_mult: 4}` in a variant: merge options
+        if isinstance(old, Mapping) and isinstance(value, Mapping) and not _names_differ(old, value):
+            merged[key] = deep_merge(old, value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _names_differ(old: Mapping, new: Mapping) -> bool:
+    for tag in ("name", "class_path"):
+        if tag in new and new[tag] != old.get(tag):
+            return True
+    return False
+
+
+def set_dotted(tree: dict[str, Any], path: str, value: Any, *, key: str) -> None:
+    """Set `a.b.c` inside nested dicts; the parent must exist (so typos fail instead of adding keys)."""
+    parts = path.split(".")
+    node: Any = tree
+    for depth, part in enumerate(parts[:-1]):
+        child = node.get(part) if isinstance(node, dict) else None
+        if (
+            isinstance(child, str) and part in NAMED_SPEC_KEYS
+        ):  # `attention: diff` -> `{name: diff}` to set an option
+            child = node[part] = {"name": child}
+        if not isinstance(child, dict):
+            where = ".".join(parts[: depth + 1])
+            known = sorted(node) if isinstance(node, dict) else []
+            raise UserError(f"{key}: {where!r} is not a section of the recipe{closest(part, known)}")
+        node = child
+    node[parts[-1]] = value
+
+
+# --- types jsonargparse validates -------------------------------------------------------------------
+# Every recipe value is checked against the type hint of the dataclass field (or constructor parameter)
+# it fills, by jsonargparse, the same validator LightningCLI and litgpt use for their command lines; this
+# module only walks the mapping (so the error names the full dotted key) and words the one-line error.
+
+PRECISIONS = (
+    "auto",
+    "bf16-mixed",
+    "32-true",
+    "16-mixed",
+    "bf16-true",
+    "64-true",
+)  # auto: ablate.hardware.precision
+Precision = Literal[PRECISIONS]  # the same values, as a type jsonargparse checks
+_DESCRIBED = {
+    PositiveInt: "a positive integer",
+    NonNegativeInt: "a non-negative integer",
+    PositiveFloat: "a positive number",
+    NonNegativeFloat: "a non-negative number",
+    ClosedUnitInterval: "a number in [0, 1]",
+    OpenUnitInterval: "a number in (0, 1)",
+}
+
+
+@functools.cache  # stays: one parser per type hint (a fixed, small set); building one costs ~1 ms
+def _validator(hint: Any) -> Any:
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--value", type=hint)
+    return parser
+
+
+def describe(hint: Any) -> str:
+    """A type hint as the error and `--help` say it: int, a positive integer, one of a, b, list of str."""
+    if hint in _DESCRIBED:
+        return _DESCRIBED[hint]
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(map(str, args))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else describe(a) for a in args)
+    if origin in (list, tuple):
+        inner = describe(args[0]) if args else "value"
+        plural = (inner[2:] if inner.startswith("a ") else inner) + "s"
+        return (
+            f"a list of {len(args)} {plural}"
+            if origin is tuple and ... not in args
+            else f"a list of {plural}"
+        )
+    if origin is dict:
+        return "a mapping"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _strict(hint: Any, value: Any) -> bool:
+    """What a YAML file says is taken as it is: 'no' is not a bool, 1 is not 1.0's bool, True is no int."""
+    plain = (
+        [a for a in typing.get_args(hint) if a is not type(None)]
+        if typing.get_origin(hint) in (typing.Union, types.UnionType)
+        else [hint]
+    )
+    if bool in plain and isinstance(value, str):
+        return False
+    if (
+        isinstance(value, bool)
+        and bool not in plain
+        and any(a in (int, float) or a in _DESCRIBED for a in plain)
+    ):
+        return False
+    return True
+
+
+def check_value(key: str, hint: Any, value: Any) -> Any:
+    """`value` validated (and normalised: 1 -> 1.0 for float, lists -> tuples) against `hint` by jsonargparse."""
+    if hint is Any:
+        return value
+    return _check_value(key, hint, value)
+
+
+def _check_value(key: str, hint: Any, value: Any) -> Any:
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args and len(args) == 2:
+        if value is None:
+            return None
+        hint = next(a for a in args if a is not type(None))  # X | None: null, or X checked as below
+    elif value is None and hint is not type(
+        None
+    ):  # jsonargparse lets null through where argparse defaults are
+        raise UserError(f"{key}: expected {describe(hint)}, got null")
+    if dataclasses.is_dataclass(hint):
+        return load_section(hint, value, key)
+    if typing.get_origin(hint) is dict and dataclasses.is_dataclass(typing.get_args(hint)[1]):
+        return {
+            name: load_section(typing.get_args(hint)[1], item, f"{key}.{name}")
+            for name, item in _mapping(value, key).items()
+        }
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is dict and args[1:] == (
+        Any,
+    ):  # free-form (component specs, overlays): checked where they land
+        return _mapping(value, key)
+    if origin is list and args == (Any,) and isinstance(value, list):
+        return list(value)
+    if _strict(hint, value):
+        try:
+            # a copy: jsonargparse edits the mappings it is given in place (class_path bookkeeping)
+            return _plain(_validator(hint).parse_object({"value": copy.deepcopy(value)}).value)
+        except Exception:  # jsonargparse's ArgumentError (or a TypeError on values no YAML file holds)
+            pass
+    if typing.get_origin(hint) is Literal:
+        raise UserError(f"{key}: {value!r} is not one of {', '.join(map(str, typing.get_args(hint)))}")
+    raise UserError(f"{key}: expected {describe(hint)}, got {value!r} ({type(value).__name__})")
+
+
+def _plain(value: Any) -> Any:
+    """jsonargparse's result as the plain values a YAML file holds (its restricted ints are int subclasses)."""
+    for plain in (bool, int, float, str):
+        if isinstance(value, plain):
+            return plain(value)
+    if isinstance(value, tuple | list):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _mapping(value: Any, key: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise UserError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
+    for k in value:
+        if not isinstance(k, str):
+            raise UserError(f"{key}.{k!r}: keys must be text, got {type(k).__name__} {k!r}")
+    return dict(value)
+
+
+def load_section(cls: type, raw: Any, key: str, *, what: str = "key") -> Any:
+    """Dataclass `cls` from a recipe mapping: unknown keys, missing keys and wrong types are `UserError`s
+    naming `key.<field>` (`key` '' for the recipe's top level); a null section means every default."""
+    raw = {} if raw is None else _mapping(raw, key or "recipe")
+    dot = f"{key}." if key else ""
+    hints = typing.get_type_hints(cls, include_extras=False)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for name in raw:
+        if name not in hints:
+            raise UserError(f"{dot}{name}: unknown {what}{closest(name, names)}; keys: {', '.join(names)}")
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in raw:
+            values[f.name] = check_value(f"{dot}{f.name}", hints[f.name], raw[f.name])
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise UserError(f"{dot}{f.name}: {f.metadata.get('missing', 'required, not set')}")
+    return cls(**values)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: its one-line help} from the class docstring's `Attributes:` section (for `--help`)."""
+    import docstring_parser
+
+    doc = docstring_parser.parse(cls.__doc__ or "")
+    return {p.arg_name: " ".join((p.description or "").split()) for p in doc.params}
+
+
+# A recipe value that becomes a file or folder name (recipe name, scale, size and variant keys, search
+# names): letters, digits, '_', '-', '.', starting with a letter or digit, no '..'. Nothing a recipe says
+# can then point outside the workspace or the reports folder.
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def safe_name(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not SAFE_NAME.match(value) or ".." in value:
+        raise UserError(
+            f"{key}: {value!r} becomes a file name; use letters, digits, '_', '-' and '.' "
+            "(starting with a letter or digit, no '..', at most 64 characters)"
+        )
+    return value
+
+
+# Lightning strategies that start processes by spawning/forking the caller: ablate launches ranks itself.
+SPAWNING_STRATEGIES = ("ddp_spawn", "ddp_fork", "ddp_notebook", "ddp_spawn_find_unused_parameters_true")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The recipe's `train:` section. Defaults are the paper's Appendix E where it states them.
+
+    Attributes:
+        seq_len: tokens per training sequence
+        batch_tokens: tokens per optimizer step (all devices, all accumulation steps)
+        micro_batch_size: sequences per forward pass on one device
+        steps: optimizer steps
+        lr: peak learning rate (AdamW)
+        betas: AdamW betas (Appendix E: 0.9, 0.98)
+        eps: AdamW epsilon (not stated in the paper: PyTorch's default)
+        weight_decay: AdamW weight decay (Appendix E)
+        warmup_steps: linear warmup steps (Appendix E)
+        min_lr: the linear decay ends at this learning rate
+        grad_clip: gradient-norm clipping (not stated in the paper: the common choice)
+        precision: Lightning precision
+        val_every: optimizer steps between validations (and checkpoints)
+        val_batches: micro-batches in the fixed held-out set
+        log_every: optimizer steps between logged training metrics
+        compile: run the model under torch.compile
+        deterministic: ask PyTorch for deterministic kernels
+        accelerator: Lightning accelerator (auto, cpu, gpu, ...)
+        devices: devices per node (several: DDP, started by ablate itself)
+        num_nodes: nodes (several: run the same command on each, see docs/scaling-out.md)
+        strategy: Lightning strategy (auto or ddp)
+    """
+
+    seq_len: int
+    batch_tokens: int
+    micro_batch_size: int
+    steps: int
+    lr: float
+    betas: tuple[float, float] = (0.9, 0.98)  # Appendix E
+    eps: float = 1e-8
+    weight_decay: float = 0.05  # Appendix E
+    warmup_steps: int = 375  # Appendix E
+    min_lr: float = 0.0  # linear decay to this (Appendix E: "linear rate decay")
+    grad_clip: float = 1.0  # not stated in the paper: the common choice
+    precision: Precision = (
+        "auto"  # bf16-mixed where the device runs bf16 natively, else 32-true (ablate.hardware.precision)
+    )
+    val_every: int = 1000  # optimizer steps between validations (and checkpoints)
+    val_batches: int = 16  # micro-batches in the fixed held-out set
+    log_every: int = 10
+    compile: bool = False
+    deterministic: bool = False
+    accelerator: str = "auto"
+    devices: int = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in (
+            "seq_len",
+            "batch_tokens",
+            "micro_batch_size",
+            "steps",
+            "val_every",
+            "val_batches",
+            "log_every",
+            "devices",
+            "num_nodes",
+        ):
+            if getattr(self, name) <= 0:
+                raise UserError(f"train.{name}: must be positive, got {getattr(self, name)}")
+        if not 0 < self.lr < math.inf:
+            raise UserError(f"train.lr: must be a positive number, got {self.lr}")
+        for name in (
+            "eps",
+            "weight_decay",
+            "min_lr",
+            "grad_clip",
+            "warmup_steps",
+        ):  # what AdamW/LambdaLR accept
+            if not 0 <= getattr(self, name) < math.inf:
+                raise UserError(f"train.{name}: must be a non-negative number, got {getattr(self, name)}")
+        if not all(0 <= beta < 1 for beta in self.betas):
+            raise UserError(f"train.betas: each must be in [0, 1), got {list(self.betas)}")
+        if self.strategy in SPAWNING_STRATEGIES:
+            raise UserError(
+                f"train.strategy: {self.strategy!r} is not supported; use ddp (ablate starts one "
+                "process per device itself, see ablate/launch.py)"
+            )
+        world = self.devices * self.num_nodes
+        if world > 1 and self.val_batches < world:
+            raise UserError(
+                f"train.val_batches: {self.val_batches} is fewer than devices x num_nodes = {world}; "
+                "every rank validates a share of the held-out batches"
+            )
+        per_pass = self.seq_len * self.micro_batch_size * self.devices * self.num_nodes
+        if self.batch_tokens % per_pass:
+            raise UserError(
+                f"train.batch_tokens: {self.batch_tokens} is not a multiple of seq_len x micro_batch_size x "
+                f"devices x num_nodes = {per_pass}"
+            )
+
+    @property
+    def accumulate(self) -> int:
+        """Micro-batches per optimizer step on each device."""
+        return self.batch_tokens // (self.seq_len * self.micro_batch_size * self.devices * self.num_nodes)
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.batch_tokens
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The recipe's `tolerance:` section: how far a variant's budget may be from the first row's.
+
+    Attributes:
+        params: largest relative difference in parameters
+        flops: largest relative difference in forward FLOPs per token
+    """
+
+    params: NonNegativeFloat = 0.02
+    flops: NonNegativeFloat = 0.02
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """The recipe's `eval:` section: the probes run on a finished run's checkpoint (scales may overlay it).
+
+    Attributes:
+        probes: probe components (kind probe): a name, {name: ..., <options>} or {class_path, init_args}
+        tokens: held-out tokens each probe reads (the paper's 0.4M)
+        checkpoint: which checkpoint of a run to evaluate
+        after_trial: evaluate every trial of a sweep as soon as it finishes
+    """
+
+    probes: list[Any] = dataclasses.field(default_factory=lambda: ["outliers", "quantization"])
+    tokens: PositiveInt = 409600
+    checkpoint: Literal["best", "last"] = "best"
+    after_trial: bool = False

@@ -1,0 +1,193 @@
+"""`DecoderLM`: a pre-norm decoder assembled from registered components (Section 2.2).
+
+    x = embed(tokens)
+    for each layer:  y = x + attention(norm(x));  x = y + ffn(norm(y))
+    logits = lm_head(norm(x))
+
+Initialisation (`DecoderLM.reset_parameters(seed)`), written down because paired seeds rely on it:
+- every parameter draws from its own generator, seeded by (seed, parameter name). A parameter that two
+  variants share by name and shape (embeddings, FFNs, norms, q/k/v projections of equal shape) therefore
+  starts identical in both, whatever else differs: seed k pairs the variants.
+- matrices (embedding, projections, LM head): Normal(0, init_std), init_std 0.02 (GPT-2 / LLaMA).
+- residual output projections a component lists in `residual_out` (attention out_proj, FFN w2): zero
+  when `zero_init_residual` (the default), so every block starts as the identity and every variant of a
+  recipe computes the same function at step 0 (identical initial loss: a clean paired start);
+  otherwise Normal(0, init_std / sqrt(2 n_layers)) (GPT-2). Gradients reach all parameters from the
+  second step on.
+- vectors (norm weights): ones.
+- parameters a component lists in `init_std` (diff attention's λ vectors): Normal(0, that std)
+  (reference code: λ vectors Normal(0, 0.1)).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from jsonargparse.typing import PositiveInt
+from torch import nn
+
+from ablate.core import contract, registry
+from ablate.core.config import load_section
+from ablate.core.errors import UserError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The recipe's `model:` section, every default explicit.
+
+    Attributes:
+        vocab_size: token vocabulary size (the data's tokenizer must fit in it)
+        d_model: residual stream width
+        n_layers: decoder blocks
+        head_dim: the Transformer's head dimension d (Table 6 / Table 10); attentions derive heads from it
+        attention: attention component (kind attention): a name, {name: ..., <options>} or class_path/init_args
+        norm: norm component (kind norm) for the block and final norms
+        ffn: feed-forward component (kind ffn)
+        position: position component (kind position)
+        attention_backend: how attention runs (math, sdpa, sdpa_padded, blockwise, flash_attn, auto)
+        tie_embeddings: share the embedding and LM-head matrices
+        init_std: standard deviation of the matrices' initialisation (GPT-2 / LLaMA 0.02)
+        zero_init_residual: residual output projections start at zero (every variant starts as the same function)
+    """
+
+    vocab_size: PositiveInt
+    d_model: PositiveInt
+    n_layers: PositiveInt
+    head_dim: PositiveInt
+    attention: Any = "softmax"
+    norm: Any = "rmsnorm"
+    ffn: Any = "swiglu"
+    position: Any = field(default_factory=lambda: {"name": "rope", "style": "interleaved"})
+    attention_backend: str = "auto"
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    zero_init_residual: bool = True
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.head_dim:
+            raise UserError(f"model.head_dim: {self.head_dim} does not divide d_model {self.d_model}")
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], key: str = "model") -> ModelConfig:
+        """The section's types checked by jsonargparse (`ablate.core.config.load_section`)."""
+        return load_section(cls, raw, key, what="model key")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Block(nn.Module):
+    """One pre-norm decoder block: attention and FFN, each behind a norm and a residual."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int, make: Mapping[str, Callable[..., nn.Module]]):
+        super().__init__()
+        self.attn_norm = make["norm"](dim=config.d_model)
+        self.attention = make["attention"](
+            d_model=config.d_model,
+            head_dim=config.head_dim,
+            layer_idx=layer_idx,
+            n_layers=config.n_layers,
+            position=config.position,
+            backend=config.attention_backend,
+        )
+        self.ffn_norm = make["norm"](dim=config.d_model)
+        self.ffn = make["ffn"](d_model=config.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attn_norm(x))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class DecoderLM(nn.Module):
+    """Embedding, `n_layers` pre-norm blocks, final norm, LM head (tied or untied)."""
+
+    def __init__(self, config: ModelConfig | Mapping[str, Any]):
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            config = ModelConfig.from_dict(config)
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        # Each component's spec is checked once here, then built for every layer.
+        make = {
+            "norm": registry.builder("norm", config.norm, key="model.norm", structure=("dim",)),
+            "attention": registry.builder(
+                "attention",
+                config.attention,
+                key="model.attention",
+                structure=("d_model", "head_dim", "layer_idx", "n_layers", "position", "backend"),
+            ),
+            "ffn": registry.builder("ffn", config.ffn, key="model.ffn", structure=("d_model",)),
+        }
+        self.blocks = nn.ModuleList(Block(config, i, make) for i in range(config.n_layers))
+        self.final_norm = make["norm"](dim=config.d_model)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (batch, seq) -> logits (batch, seq, vocab)."""
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.final_norm(x))
+
+    def components(self) -> list[tuple[str, nn.Module]]:
+        """(path, module) of every registered component the model holds (norms, attentions, FFNs)."""
+        parts = [
+            (f"blocks.{i}.{name}", getattr(block, name))
+            for i, block in enumerate(self.blocks)
+            for name in ("attn_norm", "attention", "ffn_norm", "ffn")
+        ]
+        return parts + [("final_norm", self.final_norm)]
+
+    def flops(self, seq_len: int) -> int:
+        """Forward FLOPs for one sequence: what every component reports (or is counted to cost, see
+        `ablate.core.contract.component_flops`), plus the LM head."""
+        total = 2 * seq_len * self.config.d_model * self.config.vocab_size
+        for _, module in self.components():
+            total += contract.component_flops(module, seq_len, self.config.d_model)[0]
+        return total
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int) -> None:
+        """Initialise every parameter as the module docstring says, from `seed`."""
+        special: dict[str, float] = {}
+        residual: set[str] = set()
+        for prefix, module in self.named_modules():
+            dot = f"{prefix}." if prefix else ""
+            special.update({dot + name: std for name, std in contract.init_std(module).items()})
+            residual.update(dot + name for name in contract.residual_out(module))
+        std = self.config.init_std
+        for name, param in self.named_parameters():
+            gen = torch.Generator(device="cpu").manual_seed(_name_seed(seed, name))
+            if name in special:
+                value = torch.randn(param.shape, generator=gen) * special[name]
+            elif param.ndim == 1:
+                value = torch.ones(param.shape)
+            elif name in residual and self.config.zero_init_residual:
+                value = torch.zeros(param.shape)
+            else:
+                scale = std / math.sqrt(2 * self.config.n_layers) if name in residual else std
+                value = torch.randn(param.shape, generator=gen) * scale
+            param.copy_(value.to(param.dtype))
+
+
+def _name_seed(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def build_model(
+    config: ModelConfig | Mapping[str, Any], *, seed: int = 0, device: str | None = None
+) -> DecoderLM:
+    """Build and initialise a model. On device 'meta' nothing is allocated or initialised (for budgets)."""
+    with torch.device(device or "cpu"):
+        model = DecoderLM(config)
+    if device != "meta":
+        model.reset_parameters(seed)
+    return model

@@ -1,0 +1,174 @@
+"""`ablate check`: every variant's shape and cost, and whether they are matched within tolerance.
+
+Below the table it says how each row's FLOPs were counted, the knob values solved by `match:`, and every
+recipe choice injected into components (`ablate.core.contract.COMPARED`) that a row's component does not take
+while the other rows' components do (an attention without `position` beside RoPE rows trains without positional encoding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ablate.core import contract, registry
+from ablate.core.config import Tolerance
+from ablate.core.errors import UserError
+from ablate.core.tables import markdown_table, si
+from ablate.model.budget import Budget, attention_shape, model_budget, relative_deviation
+from ablate.model.decoder import ModelConfig
+from ablate.recipe.resolve import Recipe, RunSpec
+
+KINDS = ("attention", "ffn", "norm")  # the model's components, as `model.<kind>` names them
+
+
+@dataclass
+class VariantCost:
+    run: RunSpec
+    budget: Budget
+    shape: dict[str, str]
+
+
+def variant_costs(recipe: Recipe, scale: str | None) -> list[VariantCost]:
+    """Each variant's (and size's) budget and attention shape at `scale`, from the loaded runs when the
+    recipe was loaded at that scale."""
+    if scale in (None, recipe.scale):
+        runs = recipe.runs_for(recipe.seeds[:1])
+    else:
+        runs = recipe.resolve(scale, seeds=recipe.seeds[:1])
+    return [
+        VariantCost(run, model_budget(run.model, run.train.seq_len), attention_shape(run.model))
+        for run in runs
+    ]
+
+
+def _row_name(run: RunSpec) -> str:
+    return run.variant + (f"@{run.size}" if run.size else "")
+
+
+def check_table(costs: list[VariantCost], tolerance: Tolerance) -> tuple[str, list[str]]:
+    """The table `ablate check` prints, and the variants beyond tolerance (against the first row of each size)."""
+    rows, unmatched = [], []
+    reference: dict[str | None, Budget] = {}
+    for cost in costs:
+        ref = reference.setdefault(cost.run.size, cost.budget)
+        dp = relative_deviation(cost.budget.params, ref.params)
+        df = relative_deviation(cost.budget.fwd_flops_per_token, ref.fwd_flops_per_token)
+        bad = abs(dp) > tolerance.params or abs(df) > tolerance.flops
+        if bad:
+            unmatched.append(_row_name(cost.run))
+        rows.append(
+            [
+                cost.run.variant + (f" ({cost.run.size})" if cost.run.size else ""),
+                cost.run.label,
+                cost.shape["heads"],
+                cost.shape["d"],
+                cost.shape["gn"],
+                cost.shape["lambda_init"],
+                f"{cost.budget.params:,}",
+                si(cost.budget.fwd_flops_per_token),
+                f"{dp:+.2%}",
+                f"{df:+.2%}",
+                "UNMATCHED" if bad else "ok",
+            ]
+        )
+    headers = [
+        "variant",
+        "label",
+        "#heads",
+        "d",
+        "GN",
+        "λ_init",
+        "params",
+        "FLOPs/token (fwd)",
+        "Δparams",
+        "ΔFLOPs",
+        "matched",
+    ]
+    return markdown_table(headers, rows, align="llrrllrrrrl"), unmatched
+
+
+def flops_note(costs: list[VariantCost]) -> str:
+    """Which rows' FLOPs came from hand-written `flops()` and which were counted automatically."""
+    counted = [
+        f"variants.{_row_name(c.run)} ({', '.join(c.budget.counted)})" for c in costs if c.budget.counted
+    ]
+    if not counted:
+        return "FLOPs: every component's own flops()"
+    return (
+        "FLOPs: components' own flops(), except counted automatically (FlopCounterMode on fake tensors, "
+        f"batch 1, math attention: maps dense): {'; '.join(counted)}"
+    )
+
+
+def solved_notes(recipe: Recipe, costs: list[VariantCost]) -> list[str]:
+    """One line per variant whose knob `match:` solved: the value training uses."""
+    from ablate.recipe.matching import solved_line
+
+    reference: dict[str | None, VariantCost] = {}
+    lines = []
+    for cost in costs:
+        first = reference.setdefault(cost.run.size, cost)
+        line = solved_line(
+            recipe.raw["variants"][cost.run.variant], cost.run, first.run.variant, cost.budget, first.budget
+        )
+        if line:
+            lines.append(f"variants.{_row_name(cost.run)}: {line}")
+    return lines
+
+
+def structure_differences(costs: list[VariantCost]) -> list[str]:
+    """One line per injected structure a row's component does not take while other rows' components do."""
+    taken = [
+        {
+            kind: contract.consumed(
+                registry.split_spec(getattr(c.run.model, kind), kind=kind, key=f"model.{kind}")[0], kind
+            )
+            for kind in KINDS
+        }
+        for c in costs
+    ]
+    lines = []
+    for i, cost in enumerate(costs):
+        model = cost.run.model
+        others = [j for j in range(len(costs)) if j != i]
+        for kind in KINDS:
+            used = set().union(*(taken[j][kind] for j in others)) & set(contract.COMPARED)
+            for name in sorted(used - taken[i][kind]):
+                if name == "position" and registry.spec_name(model.position) == "none":
+                    continue  # nothing to miss
+                users = [j for j in others if name in taken[j][kind]]
+                who = (
+                    "the other rows use"
+                    if len(users) == len(others)
+                    else f"{', '.join('variants.' + _row_name(costs[j].run) for j in users)} use"
+                )
+                lines.append(
+                    f"variants.{_row_name(cost.run)}: model.{kind} does not take {_source(name, model)} "
+                    f"that {who}: {contract.CONSEQUENCE.get(name, 'it does not follow that setting')}"
+                )
+    return lines
+
+
+def _source(name: str, model: ModelConfig) -> str:
+    where = contract.SOURCE.get(name, name)
+    value = {
+        "position": lambda: registry.spec_name(model.position),
+        "backend": lambda: model.attention_backend,
+    }.get(name, lambda: getattr(model, where.split(".")[-1], None))()
+    return f"{where} ({value})" if value is not None else where
+
+
+def run_check(recipe: Recipe, scale: str | None, allow_unmatched: bool = False) -> str:
+    """Print-ready report (table, then notes); raises UserError when a variant is beyond the recipe's tolerance."""
+    costs = variant_costs(recipe, scale)
+    table, unmatched = check_table(costs, recipe.tolerance)
+    notes = [flops_note(costs), *solved_notes(recipe, costs), *structure_differences(costs)]
+    report = table + "\n\n" + "\n".join(notes)
+    if unmatched and not allow_unmatched:
+        tol = recipe.tolerance
+        print(report)
+        raise UserError(
+            f"variants.{unmatched[0]}: params or FLOPs per token differ from the first variant by more than "
+            f"the tolerance (params {tol.params:.0%}, flops {tol.flops:.0%}): {', '.join(unmatched)}; "
+            "match them, raise `tolerance:` in the recipe, or pass --allow-unmatched"
+        )
+    return report

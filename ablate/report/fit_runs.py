@@ -1,0 +1,387 @@
+"""`ablate fit RECIPE [--scale S]`: scaling laws fitted to the finished runs of a recipe's sweep.
+
+Where the runs come from: the sweep's Optuna study (`<recipe>[-<scale>]`, one record per planned run, a
+retry replacing the attempt it retries) and each trial's MLflow run (its tags and validation curve),
+through `report.collect`, as `ablate report` reads them. Only FINISHED runs count; the others are listed
+in the notes. Both arms are counted the same way:
+
+- N (params): the MLflow tag `ablate.non_embedding_params` (Kaplan et al.), or `ablate.params` with
+  `params_count="total"`; both are written by `train` from the same parameter count.
+- D (tokens): the `tokens` metric logged with each validation (optimizer steps x batch tokens).
+- L: `val/loss` at that validation.
+
+Form: `size` (one point per run, its final validation) when the grid has several sizes; `tokens` (one
+point per validation after warmup of each run: Figure 3b) when it has one size; `joint` (every validation
+of every size) only when asked. A checkpoint inside a run is not a separate run at that token budget
+(the learning rate decays to the run's own end); the output says so and the bootstrap resamples runs.
+
+Per run, `fit_loss_curve` fits `E + A t^-alpha` to its validations after warmup and flags the run as not
+converged when twice the tokens would still lower the loss by 1% or more: the table "Runs" at the end of
+fit.md, and the tags `ablate.fit.converged` (yes | no | unknown), `ablate.fit.predicted_gain` on each run.
+
+Written into `out` (default `reports/<recipe>[-<scale>]/`), and logged under `fit/` to the sweep's MLflow
+parent run: fit.json, fit.md, loss_vs_params.png and/or loss_vs_tokens.png.
+
+fit.json keys: `form`, `formula`, `level`, `n_boot`, `seed`, `reference` (the arch ratios are taken
+against, or null), `archs` (per arch: `params` {E, A, alpha | B, beta}, `ci` (same keys, [lo, hi]),
+`n_points`, `n_runs`, `ranges`, `objective`, `converged`, `n_boot`, `n_redrawn`, `notes`), `ratios` (per
+trained value of each other arch: `reference`, `arch`, `quantity`, `at`, `fixed`, `target_loss`,
+`matched`, `ratio`, `ci`, `status`, `n_boot`, `n_boot_no_solution`, `sentence`), `method`, `notes`, and
+from here: `source` (recipe, scale, study, workspace, params_count, points, runs_finished,
+runs_left_out) and `runs` (per finished run: `run_id`, `name`, `arch`, `size`, `seed`, `params`,
+`tokens`, `loss`, `curve` {E, A, alpha, n_points, predicted_gain} or null, `converged` (true, false or
+null when the curve could not be fitted), `curve_error`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ablate.core.errors import UserError
+from ablate.core.tables import markdown_table, si
+from ablate.recipe.resolve import Recipe
+from ablate.store import tracking
+
+PARAMS_TAGS = {"non_embedding": "ablate.non_embedding_params", "total": "ablate.params"}
+PARAMS_WORDS = {"non_embedding": "non-embedding parameters", "total": "all parameters (embeddings included)"}
+FORMS = ("size", "tokens", "joint")
+CHECKPOINT_NOTE = (
+    "Points are the validations of each run after warmup. A checkpoint inside one run is not a separate run "
+    "at that token budget: the run's learning rate decays to the run's own end, so a run trained to that "
+    "budget would do better; the bootstrap resamples whole runs."
+)
+
+
+@dataclass
+class FinishedRun:
+    run_id: str
+    name: str
+    arch: str
+    size: str
+    seed: int
+    params: float  # N as asked (non-embedding or total)
+    curve: list[tuple[float, float]]  # (tokens, val loss), validation order
+    warmup_tokens: float
+    loss: float  # final validation loss
+    tokens: float  # tokens at the final validation
+    curve_fit: Any = None  # LossCurveFit, or None when it could not be fitted
+    curve_error: str = ""
+
+    @property
+    def converged(self) -> bool | None:
+        return None if self.curve_fit is None else bool(self.curve_fit.converged)
+
+
+def run_fit_recipe(
+    recipe: Recipe,
+    *,
+    scale: str,
+    workspace: Path,
+    tracking_uri: str | None = None,
+    storage_url: str | None = None,
+    form: str | None = None,
+    out: Path | None = None,
+    n_boot: int = 1000,
+    params_count: str = "non_embedding",
+    seed: int = 0,
+) -> list[Path]:
+    """Fit the finished runs of `recipe`'s sweep at `scale`; returns the files written (see module doc)."""
+    from ablate.fitting import fit_points
+    from ablate.report.fit import arch_summary, ratio_sentence, write_fit
+    from ablate.report.table import collect
+    from ablate.store.study import finished_sweep, report_folder, sweep_hint
+
+    if params_count not in PARAMS_TAGS:
+        raise UserError(f"--params-count: {params_count!r} is not one of {', '.join(PARAMS_TAGS)}")
+    if form is not None and form not in FORMS:
+        raise UserError(f"--form: {form!r} is not one of {', '.join(FORMS)}")
+    if n_boot < 0:
+        raise UserError(f"--bootstrap: expected a number >= 0, got {n_boot}")
+    ctx, study = finished_sweep(
+        recipe,
+        scale=scale,
+        workspace=workspace,
+        tracking_uri=tracking_uri,
+        storage_url=storage_url,
+        verb="fit",
+    )
+    records = collect(ctx, study, with_curves=True)
+    finished = [r for r in records if r.state == "finished" and r.run_id]
+    if not finished:
+        states = ", ".join(f"{n} {s}" for s, n in _count(r.state for r in records).items()) or "no trials"
+        raise UserError(
+            f"fit: no finished runs of {recipe.name} at scale {scale} (study {ctx.study_name!r}: "
+            f"{states}); run {sweep_hint(ctx)} first"
+        )
+    order = list(recipe.variants)
+    client = tracking.client_for(ctx.workspace, tracking_uri)
+    runs = [_finished_run(client, r, params_count) for r in finished]
+    runs.sort(key=lambda r: (order.index(r.arch) if r.arch in order else len(order), r.params, r.seed))
+    archs = list(dict.fromkeys(r.arch for r in runs))
+    if len(order) >= 2 and len(archs) < 2:
+        missing = [v for v in order if v not in archs]
+        raise UserError(
+            f"fit: an equal-loss ratio needs two architectures, but only {archs[0]!r} has finished "
+            f"runs ({', '.join(missing)}: none); finish the sweep with {sweep_hint(ctx)}"
+        )
+    sizes = list(dict.fromkeys(r.size for r in runs))
+    form = form or ("size" if len(sizes) > 1 else "tokens")
+    if form == "tokens" and len(sizes) > 1:
+        raise UserError(
+            f"--form tokens: the runs have {len(sizes)} sizes ({', '.join(sizes)}); L(D) needs one "
+            "size; use --form size (final losses) or --form joint (every validation)"
+        )
+
+    points = _points(runs, form)
+    reference = None
+    if len(archs) >= 2:
+        reference = "transformer" if "transformer" in archs else archs[0]
+    runs_per_arch = _count(r.arch for r in runs)
+    single = sorted(a for a, n in runs_per_arch.items() if n < 2)
+    # One run per arch: every bootstrap draw over runs is that run, so percentile "intervals" would have
+    # zero width. Give no intervals rather than false certainty.
+    report = fit_points(points, form, n_boot=0 if single else n_boot, seed=seed, reference=reference)
+
+    for run in runs:
+        _fit_curve(run)
+    left_out = [r for r in records if not (r.state == "finished" and r.run_id)]
+    report.notes = _notes(ctx, form, runs, points, left_out, params_count)
+    if single and n_boot:
+        report.notes.append(
+            f"No intervals: {', '.join(single)} {'has' if len(single) == 1 else 'have'} one run, "
+            "and the bootstrap resamples runs (a run's validations are not independent); "
+            "sweep more seeds (--seeds 0 1 2) for intervals."
+        )
+    report.extra = {
+        "source": {
+            "recipe": recipe.name,
+            "recipe_path": str(recipe.path),
+            "scale": scale,
+            "study": ctx.study_name,
+            "workspace": str(ctx.workspace),
+            "params_count": params_count,
+            "params_tag": PARAMS_TAGS[params_count],
+            "points": len(points),
+            "runs_finished": len(runs),
+            "runs_left_out": [
+                {"variant": r.variant, "size": r.size, "seed": r.seed, "state": r.state, "reason": r.reason}
+                for r in left_out
+            ],
+        },
+        "runs": [_run_dict(r) for r in runs],
+    }
+
+    folder = Path(out) if out is not None else report_folder(ctx, None)
+    written = write_fit(report, folder)
+    fit_md = folder / "fit.md"
+    with open(fit_md, "a") as f:
+        f.write("\n" + runs_markdown(runs, params_count))
+
+    _record_in_mlflow(client, study, runs, report, written)
+    print(
+        f"[fit] {ctx.study_name}: {report.form.formula}, {len(points)} points from {len(runs)} runs "
+        f"(N = {PARAMS_WORDS[params_count]})",
+        flush=True,
+    )
+    for fit in report.archs.values():
+        print(f"[fit]   {arch_summary(fit)}", flush=True)
+    for ratio in report.ratios:
+        print(f"[fit]   {ratio_sentence(ratio)}", flush=True)
+    not_converged = [r.name for r in runs if r.converged is False]
+    if not_converged:
+        print(
+            f"[fit]   not converged ({len(not_converged)} of {len(runs)} runs): {', '.join(not_converged)}",
+            flush=True,
+        )
+    return written
+
+
+# --- reading -------------------------------------------------------------------------------------------
+def _finished_run(client: Any, record: Any, params_count: str) -> FinishedRun:
+    tag = PARAMS_TAGS[params_count]
+    name = record.tags.get("mlflow.runName") or f"{record.variant}-{record.size}-s{record.seed}"
+    try:
+        params = float(record.tags[tag])
+    except (KeyError, ValueError):
+        raise UserError(
+            f"fit: run {name} ({record.run_id}) has no tag {tag}; it was trained by an older ablate; "
+            "re-run it (delete the run in MLflow, then sweep again)"
+        ) from None
+    curve = [(float(t), float(v)) for t, v in record.curve if math.isfinite(v)]
+    if not curve:
+        raise UserError(
+            f"fit: run {name} ({record.run_id}) is FINISHED but logged no finite val/loss; "
+            "it cannot be fitted (delete the run in MLflow, then sweep again)"
+        )
+    run_params = client.get_run(record.run_id).data.params
+    try:
+        warmup = float(run_params["train.warmup_steps"]) * float(run_params["train.batch_tokens"])
+    except (KeyError, ValueError):
+        warmup = 0.0
+    last_tokens, last_loss = curve[-1]
+    return FinishedRun(
+        run_id=record.run_id,
+        name=name,
+        arch=record.variant,
+        size=record.size or "",
+        seed=record.seed,
+        params=params,
+        curve=curve,
+        warmup_tokens=warmup,
+        loss=last_loss,
+        tokens=last_tokens,
+    )
+
+
+def _count(items) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return out
+
+
+# --- points and per-run curves -----------------------------------------------------------------------------
+def _points(runs: list[FinishedRun], form: str) -> list:
+    from ablate.fitting import Point
+
+    if form == "size":
+        return [Point(r.arch, r.params, r.tokens, r.loss, r.run_id) for r in runs]
+    # tokens / joint: every validation after warmup (during warmup the curve is not a power law)
+    return [Point(r.arch, r.params, t, v, r.run_id) for r in runs for t, v in r.curve if t > r.warmup_tokens]
+
+
+def _fit_curve(run: FinishedRun) -> None:
+    from ablate.fitting import fit_loss_curve
+
+    try:
+        run.curve_fit = fit_loss_curve(
+            [t for t, _ in run.curve], [v for _, v in run.curve], warmup_tokens=run.warmup_tokens
+        )
+    except UserError as e:
+        run.curve_error = str(e)
+
+
+def _notes(
+    ctx: Any, form: str, runs: list[FinishedRun], points: list, left_out: list, params_count: str
+) -> list[str]:
+    notes = [
+        f"Source: {len(runs)} finished runs of the sweep {ctx.study_name!r} (recipe {ctx.recipe.name}, "
+        f"scale {ctx.scale}); N = {PARAMS_WORDS[params_count]} (MLflow tag {PARAMS_TAGS[params_count]}), "
+        "the same count for every arch; D = training tokens at the validation."
+    ]
+    if form == "size":
+        budgets = sorted({r.tokens for r in runs})
+        at = si(budgets[0]) if len(budgets) == 1 else f"{si(budgets[0])}-{si(budgets[-1])}"
+        notes.append(f"Each point is one run's final validation loss, at D = {at} tokens.")
+    else:
+        notes.append(f"{CHECKPOINT_NOTE} ({len(points)} points from {len(runs)} runs.)")
+    if left_out:
+        notes.append(
+            f"Left out, not finished ({len(left_out)}): "
+            + "; ".join(
+                f"{r.variant}{'@' + r.size if r.size else ''} seed {r.seed} {r.state}"
+                + (f" ({r.reason})" if r.reason else "")
+                for r in left_out
+            )
+            + "."
+        )
+    bad = [r for r in runs if r.converged is False]
+    unknown = [r for r in runs if r.converged is None]
+    if bad:
+        notes.append(
+            f"{len(bad)} of {len(runs)} runs had not converged (their fitted loss curve still falls by 1% "
+            "or more with twice the tokens): the fit compares models before convergence; see Runs."
+        )
+    if unknown:
+        notes.append(
+            f"{len(unknown)} runs have too few validations after warmup for a loss-curve fit; see Runs."
+        )
+    return notes
+
+
+def _run_dict(r: FinishedRun) -> dict[str, Any]:
+    c = r.curve_fit
+    return {
+        "run_id": r.run_id,
+        "name": r.name,
+        "arch": r.arch,
+        "size": r.size,
+        "seed": r.seed,
+        "params": r.params,
+        "tokens": r.tokens,
+        "loss": r.loss,
+        "curve": None
+        if c is None
+        else {
+            "E": c.E,
+            "A": c.A,
+            "alpha": c.alpha,
+            "n_points": c.n_points,
+            "predicted_gain": c.predicted_gain,
+        },
+        "converged": r.converged,
+        "curve_error": r.curve_error,
+    }
+
+
+def runs_markdown(runs: list[FinishedRun], params_count: str) -> str:
+    """The per-run table appended to fit.md."""
+    rows = []
+    for r in runs:
+        c = r.curve_fit
+        curve = (
+            ["-"] * 4
+            if c is None
+            else [f"{c.E:.3f}", f"{c.A:.3g}", f"{c.alpha:.3f}", f"{c.predicted_gain:.2%}"]
+        )
+        flag = {True: "yes", False: "**no**", None: "unknown"}[r.converged]
+        rows.append(
+            [r.name, r.arch, r.size or "-", r.seed, si(r.params), si(r.tokens), f"{r.loss:.4f}", *curve, flag]
+        )
+    headers = [
+        "run",
+        "arch",
+        "size",
+        "seed",
+        "N",
+        "D",
+        "final val loss",
+        "curve E",
+        "curve A",
+        "curve alpha",
+        "gain at 2x tokens",
+        "converged",
+    ]
+    table = markdown_table(headers, rows, align="lllrrrrrrrrl")
+    unknown = [r for r in runs if r.curve_fit is None]
+    foot = "".join(f"\n- {r.name}: {r.curve_error}" for r in unknown)
+    return (
+        f"## Runs\n\nPer run, `L(t) = E + A t^-alpha` fitted to its validations after warmup (t = tokens). "
+        f'"converged": the fitted curve predicts less than 1% lower loss at twice the run\'s tokens. '
+        f"N: {PARAMS_WORDS[params_count]}.\n\n{table}\n{foot}\n"
+    )
+
+
+# --- MLflow -----------------------------------------------------------------------------------------------
+def _record_in_mlflow(
+    client: Any, study: Any, runs: list[FinishedRun], report: Any, written: list[Path]
+) -> None:
+    for r in runs:
+        c = r.curve_fit
+        client.set_tag(
+            r.run_id, "ablate.fit.converged", {True: "yes", False: "no", None: "unknown"}[r.converged]
+        )
+        if c is not None:
+            client.set_tag(r.run_id, "ablate.fit.predicted_gain", f"{c.predicted_gain:.5f}")
+            client.set_tag(r.run_id, "ablate.fit.curve", json.dumps({"E": c.E, "A": c.A, "alpha": c.alpha}))
+    parent = study.user_attrs.get("mlflow_parent_run_id")
+    if not parent:
+        return
+    tracking.log_files(client, parent, written, artifact_path="fit")
+    metrics = {f"fit.{arch}.{k}": v for arch, f in report.archs.items() for k, v in f.params.items()}
+    tracking.log_metrics(client, parent, metrics, step=0)
+    client.set_tag(parent, "ablate.fit.form", report.form.name)

@@ -1,0 +1,248 @@
+"""The probe sections of a report (Table 5 and Figure 8 style), from the metrics `ablate eval` logged.
+
+Reads finished runs' MLflow metrics `probe/<probe>/<group>/<stat>` (never a model). For each probe and
+group: a table with one row per variant and one column per statistic, each cell the mean over seeds
+[95% Student-t interval], and a second table of paired differences to the first row (by seed, as the
+loss table; * when the interval excludes 0). A group whose statistics are bit widths (`bits_<b>`) also
+gets a plot, score against bits, one line per variant, intervals over seeds (Figure 8). Per-layer
+statistics (`<group>/layer_XX/<stat>`) go to `probes.csv` (one row per run), not into the tables.
+Written: `probes.md`, `probes.csv`, `<probe>_<group>_vs_bits.png`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from ablate.core.tables import markdown_table
+from ablate.report import stats
+from ablate.store import tracking
+
+PREFIX = "probe/"
+BITS = re.compile(r"^bits_(\d+)$")
+PAPER_TABLE5 = (
+    "Paper (Table 5, 3B models, 0.4M tokens): attention logits top-1 318.0 (Transformer) vs 38.8 (Diff), "
+    "median 5.4 vs 3.3; hidden states top-1 3608.6 vs 1688.2. Figure 8 (HellaSwag): Diff holds its "
+    "accuracy down to 6 bits; at 4 bits it is about 25 points above the Transformer."
+)
+NOTES = {
+    "outliers": "Outliers: |pre-softmax Q K^T / sqrt(d)| over causal entries (Diff: both maps pooled) and |hidden "
+    "states| at each block's output (after both residual additions); top-k and exact median over all "
+    "layers; per-layer values in probes.csv.",
+    "quantization": "Quantization: dynamic absmax quantization of the attention logits, scale = (2^(b-1) - 1) / "
+    "max|X|, X_q = round(X scale) / scale; 16 bits = none. Scored by the mean next-token loss on "
+    "held-out tokens (lower is better); loss_increase: that loss minus the same run's 16-bit loss. "
+    "No task accuracy (the recipes have no task data path yet).",
+}
+
+
+def _stat_order(stat: str) -> tuple:
+    """top1 < top2 < ... < top100 < median (Table 5); bits_16 < bits_8 < ... (wide first, as Figure 8 reads)."""
+    bits = BITS.match(stat)
+    if bits:
+        return (0, "", -int(bits.group(1)), stat)
+    number = re.search(r"(\d+)$", stat)
+    if number:
+        return (1, stat[: number.start()], int(number.group(1)), stat)
+    return (2, stat, 0, stat)
+
+
+def _digits(values: list[float]) -> int:
+    """Decimals that show about four significant digits of the column's largest value (3 to 6): a loss
+    increase of 2e-4 must not print as 0.000."""
+    finite = [abs(v) for v in values if math.isfinite(v) and v != 0]
+    if not finite:
+        return 3
+    return max(3, min(6, 3 - math.floor(math.log10(max(finite)))))
+
+
+def probe_values(ctx: Any, records: list[Any]) -> dict[str, dict[str, float]]:
+    """run id -> {metric: value} of its `probe/` metrics, for finished runs."""
+    client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+    values = {}
+    for r in records:
+        if r.state == "finished" and r.run_id:
+            metrics = client.get_run(r.run_id).data.metrics
+            found = {k[len(PREFIX) :]: v for k, v in metrics.items() if k.startswith(PREFIX)}
+            if found:
+                values[r.run_id] = found
+    return values
+
+
+def summary_groups(values: dict[str, dict[str, float]]) -> dict[tuple[str, str], list[str]]:
+    """(probe, group) -> its statistics (table columns), from names `<probe>/<group>/<stat>`."""
+    groups: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for metrics in values.values():
+        for name in metrics:
+            parts = name.split("/")
+            if len(parts) == 3:
+                groups[(parts[0], parts[1])].add(parts[2])
+    order = sorted(groups, key=lambda key: (key[0], key[1] != "logits", key[1]))  # Table 5: logits first
+    return {key: sorted(groups[key], key=_stat_order) for key in order}
+
+
+def _rows(ctx: Any, records: list[Any]) -> list[tuple[str, str, list[Any]]]:
+    """(size, variant, finished records) in the recipe's order; the first of each size is the reference."""
+    by_key: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    for r in records:
+        if r.state == "finished" and r.run_id:
+            by_key[(r.size, r.variant)].append(r)
+    sizes = sorted({s for s, _ in by_key}, key=lambda s: (s != "", s))
+    return [(s, v, by_key[(s, v)]) for s in sizes for v in ctx.recipe.variants if (s, v) in by_key]
+
+
+def group_tables(
+    ctx: Any,
+    records: list[Any],
+    values: dict[str, dict[str, float]],
+    probe: str,
+    group: str,
+    columns: list[str],
+) -> tuple[str, str]:
+    """(values table, paired-difference table) in Markdown for one probe group."""
+    rows = _rows(ctx, records)
+    sized = any(s for s, _, _ in rows)
+    digits = {c: _digits([m.get(f"{probe}/{group}/{c}", math.nan) for m in values.values()]) for c in columns}
+    labels = {k: v.label for k, v in ctx.recipe.variants.items()}
+    head = ["Model"] + (["size"] if sized else []) + columns + ["seeds"]
+    table, diffs = [], []
+    reference: dict[str, list[Any]] = {}
+    for size, variant, group_records in rows:
+
+        def per_seed(stat: str, rs: list[Any] = group_records) -> dict[int, float]:
+            return {r.seed: values.get(r.run_id, {}).get(f"{probe}/{group}/{stat}", math.nan) for r in rs}
+
+        reference.setdefault(size, group_records)
+        first = reference[size] is group_records
+        cells = [stats.format_ci(stats.mean_ci(per_seed(c).values()), digits[c]) for c in columns]
+        probed = sum(1 for r in group_records if r.run_id in values)
+        lead = [labels.get(variant, variant)] + ([size] if sized else [])
+        table.append(lead + cells + [f"{probed}/{len(group_records)}"])
+        if not first:
+            ref = reference[size]
+            diff_cells = [
+                stats.format_diff(stats.paired_difference(per_seed(c), per_seed(c, ref)), digits[c])
+                for c in columns
+            ]
+            diffs.append(lead + diff_cells)
+    diff_head = (
+        [f"Δ vs {labels.get(rows[0][1], rows[0][1])} (paired)"] + (["size"] if sized else []) + columns
+    )
+    return markdown_table(head, table), (markdown_table(diff_head, diffs) if diffs else "")
+
+
+def plot_vs_bits(
+    ctx: Any,
+    records: list[Any],
+    values: dict[str, dict[str, float]],
+    probe: str,
+    group: str,
+    columns: list[str],
+    path: Path,
+) -> Path:
+    """Figure 8 style: the group's score against bits (wide to narrow), one line per variant, with the 95%
+    Student-t interval over seeds as error bars."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    bits = [int(BITS.match(c).group(1)) for c in columns]
+    fig = Figure(figsize=(6, 4.2), dpi=120)  # no pyplot: safe in workers
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    labels = {k: v.label for k, v in ctx.recipe.variants.items()}
+    for i, (size, variant, group_records) in enumerate(_rows(ctx, records)):
+        cells = [
+            stats.mean_ci(
+                [values.get(r.run_id, {}).get(f"{probe}/{group}/{c}", math.nan) for r in group_records]
+            )
+            for c in columns
+        ]
+        means = [c.mean for c in cells]
+        err = [
+            [c.mean - c.lo if c.n >= 2 else 0.0 for c in cells],
+            [c.hi - c.mean if c.n >= 2 else 0.0 for c in cells],
+        ]
+        label = labels.get(variant, variant) + (f" ({size})" if size else "")
+        ax.errorbar(bits, means, yerr=err, marker="o", capsize=3, color=f"C{i % 10}", label=label)
+    ax.set_xticks(sorted(set(bits)))
+    ax.invert_xaxis()  # 16 bits on the left, as Figure 8
+    ax.set_xlabel("bits of the attention logits (16 = not quantized)")
+    ax.set_ylabel(f"{group} ({probe})" + (" — lower is better" if group.startswith("loss") else ""))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{probe}: {group} vs bits; mean over seeds, 95% intervals", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def write_probe_report(ctx: Any, records: list[Any], folder: Path) -> list[Path]:
+    """The probe sections into `folder` when any finished run has probe metrics; returns the files written."""
+    values = probe_values(ctx, records)
+    if not values:
+        return []
+    folder = Path(folder)
+    groups = summary_groups(values)
+    sections = [f"# Probes: {ctx.recipe.name} at scale {ctx.scale}", ""]
+    written = []
+    settings = _settings(ctx, records)
+    for (probe, group), columns in groups.items():
+        table, diffs = group_tables(ctx, records, values, probe, group, columns)
+        sections += [f"## {probe}: {group}", "", table, ""]
+        if diffs:
+            sections += [diffs, ""]
+        if all(BITS.match(c) for c in columns):
+            name = f"{probe}_{group}_vs_bits.png"
+            written.append(plot_vs_bits(ctx, records, values, probe, group, columns, folder / name))
+            sections += [f"![{probe} {group} vs bits]({name})", ""]
+    sections.append(
+        "Cells: mean over seeds [95% Student-t interval]; Δ: paired by seed against the first row, "
+        "* when the interval excludes 0. Per-layer statistics: probes.csv."
+    )
+    for probe in dict.fromkeys(p for p, _ in groups):
+        if probe in NOTES:
+            sections.append(NOTES[probe])
+        if probe in settings:
+            sections.append(f"`{probe}` settings: {settings[probe]}")
+    sections.append(PAPER_TABLE5)
+    (folder / "probes.md").write_text(
+        "\n\n".join(s for s in sections if s != "").replace("\n\n\n", "\n\n") + "\n"
+    )
+    written.insert(0, folder / "probes.md")
+    with open(folder / "probes.csv", "w", newline="") as f:
+        rows = [
+            {
+                "variant": r.variant,
+                "size": r.size,
+                "seed": r.seed,
+                "mlflow_run_id": r.run_id,
+                **values[r.run_id],
+            }
+            for r in records
+            if r.run_id in values
+        ]
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
+        writer.writeheader()
+        writer.writerows(rows)
+    written.insert(1, folder / "probes.csv")
+    return written
+
+
+def _settings(ctx: Any, records: list[Any]) -> dict[str, str]:
+    """probe -> its settings as tagged on the runs (one text; several when runs differ)."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for r in records:
+        for tag, text in (r.tags or {}).items():
+            if tag.startswith("ablate.probe.") and tag.endswith(".settings"):
+                try:
+                    s = json.loads(text)
+                except ValueError:
+                    continue
+                shown = {k: s.get(k) for k in ("options", "tokens", "tokens_used", "checkpoint")}
+                found[tag[len("ablate.probe.") : -len(".settings")]].add(json.dumps(shown, sort_keys=True))
+    return {p: "; ".join(sorted(texts)) for p, texts in found.items()}

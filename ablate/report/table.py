@@ -1,0 +1,491 @@
+"""`ablate report`: the paper-style table of a finished sweep, with honest statistics.
+
+Reads the study's trials (Optuna) and their runs (MLflow); never imports a model. Writes into
+`<reports>/<recipe>[-<scale>]/`: `table.md`, `table.csv`, `loss_curves.png` and a `README.md` that
+says how they were made; attaches them to the sweep's MLflow parent run.
+
+Every cell is the mean over seeds with a 95% Student-t interval; the difference to the first row is
+paired by seed (same data order and shared initialisation), with its interval and a star when the
+interval excludes zero. Failed runs are listed with their reason and left out of the statistics.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import math
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ablate.core.tables import markdown_table
+from ablate.report import stats
+from ablate.report import tasks as task_report
+from ablate.store import tracking
+
+METRICS = (("valid", "val/loss"), ("ar_hit", "val/ar_hit"), ("others", "val/others"))
+
+
+@dataclass
+class RunRecord:
+    variant: str
+    seed: int
+    size: str
+    state: str  # finished | failed | pruned | running | waiting
+    run_id: str | None
+    values: dict[str, float] = field(default_factory=dict)  # valid, ar_hit, others, ar_hit_share
+    reason: str = ""
+    searched: dict[str, Any] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    curve: list[tuple[float, float]] = field(default_factory=list)  # (tokens, val loss)
+    params: dict[str, str] = field(default_factory=dict)  # the run's MLflow params (flattened config)
+    layer_curves: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # rms/..., lambda/...
+
+
+def collect(ctx: Any, study: Any, with_curves: bool = True) -> list[RunRecord]:
+    """One record per plan: its latest trial, with the MLflow run's final metrics."""
+    from optuna.trial import TrialState
+
+    client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+    latest: dict[str, Any] = {}
+    for trial in study.get_trials(deepcopy=False):
+        latest[trial.user_attrs.get("plan")] = trial  # later trials (retries) win
+    states = {
+        TrialState.COMPLETE: "finished",
+        TrialState.FAIL: "failed",
+        TrialState.PRUNED: "pruned",
+        TrialState.RUNNING: "running",
+        TrialState.WAITING: "waiting",
+    }
+    records = []
+    for trial in latest.values():
+        attrs = trial.user_attrs
+        searched = {k: v for k, v in trial.params.items() if k.startswith("base.")}
+        plan = json.loads(attrs.get("plan") or "{}")
+        record = RunRecord(
+            variant=plan.get("variant", "?"),
+            seed=int(plan.get("seed", -1)),
+            size=plan.get("size", ""),
+            state=states.get(trial.state, str(trial.state)),
+            run_id=attrs.get("mlflow_run_id"),
+            reason=attrs.get("failure_reason", ""),
+            searched=searched,
+        )
+        if record.run_id:
+            run = client.get_run(record.run_id)
+            metrics = run.data.metrics
+            record.values = {name: metrics.get(key, math.nan) for name, key in METRICS}
+            record.values["ar_hit_share"] = metrics.get("val/ar_hit_share", math.nan)
+            record.tags = dict(run.data.tags)
+            record.params = dict(run.data.params)
+            if with_curves:
+                tokens = {m.step: m.value for m in client.get_metric_history(record.run_id, "tokens")}
+                record.curve = [
+                    (tokens.get(m.step, m.step), m.value)
+                    for m in client.get_metric_history(record.run_id, "val/loss")
+                ]
+                record.layer_curves = layer_curves(client, record.run_id, metrics, tokens)
+        if record.state != "finished":  # a failed run's last numbers are not results
+            record.values = {k: math.nan for k in ("valid", "ar_hit", "others", "ar_hit_share")}
+        records.append(record)
+    return records
+
+
+def layer_curves(
+    client: Any,
+    run_id: str,
+    metrics: dict[str, float],
+    tokens: dict[int, float],
+) -> dict[str, list[tuple[float, float]]]:
+    """The per-layer statistics a run logged at its validations (ablate.train.layer_stats, lambda/layer_NN)."""
+    from ablate.report.checks import LAYER_PREFIXES
+
+    return {
+        key: [(tokens.get(m.step, m.step), m.value) for m in client.get_metric_history(run_id, key)]
+        for key in sorted(metrics)
+        if key.startswith(LAYER_PREFIXES)
+    }
+
+
+def best_per_variant(records: list[RunRecord]) -> tuple[list[RunRecord], list[str]]:
+    """Search protocol: keep, per variant, the searched point with the lowest mean validation loss."""
+    groups: dict[tuple[str, str], dict[str, list[RunRecord]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        groups[(r.variant, r.size)][repr(sorted(r.searched.items()))].append(r)
+    kept, chosen = [], []
+    for (variant, size), points in groups.items():
+
+        def score(rs: list[RunRecord]) -> float:
+            values = [r.values.get("valid", math.nan) for r in rs]
+            finite = [v for v in values if math.isfinite(v)]
+            return sum(finite) / len(finite) if finite else math.inf
+
+        best = min(points.values(), key=score)
+        kept.extend(best)
+        if best and best[0].searched:
+            chosen.append(
+                f"{variant}{'@' + size if size else ''}: "
+                + ", ".join(f"{k[len('base.') :]}={v}" for k, v in best[0].searched.items())
+            )
+    return kept, chosen
+
+
+def edge_warnings(records: list[RunRecord], search: Any) -> list[str]:
+    warnings = []
+    for dim in getattr(search, "dimensions", ()):
+        for r in records:
+            if dim.key in r.searched and dim.at_edge(r.searched[dim.key]):
+                warnings.append(
+                    f"{r.variant}: best {dim.key[len('base.') :]} = {r.searched[dim.key]} lies at the edge "
+                    "of the searched range; the optimum may lie outside it"
+                )
+    return sorted(set(warnings))
+
+
+def row_diffs(order: list[str], records: list[RunRecord]) -> dict[tuple[str, str], Any]:
+    """(size, variant) -> paired difference of the final validation loss to the size's first row."""
+    by_key: dict[tuple[str, str], list[RunRecord]] = defaultdict(list)
+    for r in records:
+        by_key[(r.size, r.variant)].append(r)
+    diffs = {}
+    for size in {r.size for r in records}:
+        first = next((v for v in order if (size, v) in by_key), None)
+        ref = {
+            r.seed: r.values.get("valid", math.nan)
+            for r in by_key.get((size, first), [])
+            if r.state == "finished"
+        }
+        for variant in order:
+            if variant != first and (size, variant) in by_key:
+                mine = {
+                    r.seed: r.values.get("valid", math.nan)
+                    for r in by_key[(size, variant)]
+                    if r.state == "finished"
+                }
+                diffs[(size, variant)] = stats.paired_difference(mine, ref)
+    return diffs
+
+
+def table_rows(
+    ctx: Any,
+    records: list[RunRecord],
+    marks: dict[tuple[str, str], str] | None = None,
+) -> tuple[list[str], list[list[str]], list[dict[str, Any]]]:
+    """Markdown headers and rows, and CSV rows (numbers, not text); `marks` are appended to row labels
+    ((size, variant) -> e.g. the not-converged mark)."""
+    order = list(ctx.recipe.variants)
+    by_key: dict[tuple[str, str], list[RunRecord]] = defaultdict(list)
+    for r in records:
+        by_key[(r.size, r.variant)].append(r)
+    sizes = sorted({r.size for r in records}, key=lambda s: (s != "", s))
+    diffs = row_diffs(order, records)
+    marks = marks or {}
+    paper = ctx.scale == "paper" and any(v.paper for v in ctx.recipe.variants.values())
+    headers = (
+        ["Model"]
+        + (["size"] if any(sizes) else [])
+        + [
+            "#heads",
+            "d",
+            "GN",
+            "Valid",
+            "AR-Hit",
+            "Others",
+            "AR-Hit share",
+            "Δ Valid vs row 1 (paired)",
+            "seeds",
+        ]
+        + (["paper Valid / AR-Hit / Others"] if paper else [])
+    )
+    rows, csv_rows = [], []
+    for size in sizes:
+        first = next((v for v in order if (size, v) in by_key), None)
+        for variant in order:
+            group = by_key.get((size, variant))
+            if not group:
+                continue
+            spec = ctx.recipe.variants[variant]
+            tags = next((r.tags for r in group if r.tags), {})
+            finished = [r for r in group if r.state == "finished"]
+            cells = {
+                name: stats.mean_ci([r.values.get(name, math.nan) for r in finished])
+                for name in ("valid", "ar_hit", "others", "ar_hit_share")
+            }
+            if variant == first:
+                diff_text = "(reference)"
+            else:
+                diff = diffs[(size, variant)]
+                diff_text = stats.format_diff(diff) + (f" (p={diff.p_value:.3f})" if diff.n >= 2 else "")
+            failed = [r for r in group if r.state in ("failed", "pruned")]
+            seeds_text = f"{len(finished)}/{len(group)}" + "".join(
+                f"; seed {r.seed} {r.state.upper()}: {r.reason or '-'}" for r in failed
+            )
+            label = spec.label + (f" {marks[(size, variant)]}" if marks.get((size, variant)) else "")
+            row = (
+                [label]
+                + ([size] if any(sizes) else [])
+                + [
+                    tags.get("ablate.heads", "?"),
+                    tags.get("ablate.head_width", "?"),
+                    tags.get("ablate.gn", "?"),
+                    stats.format_ci(cells["valid"]),
+                    stats.format_ci(cells["ar_hit"]),
+                    stats.format_ci(cells["others"]),
+                    f"{cells['ar_hit_share'].mean:.1%}"
+                    if math.isfinite(cells["ar_hit_share"].mean)
+                    else "n/a",
+                    diff_text,
+                    seeds_text,
+                ]
+            )
+            if paper:
+                p = spec.paper or {}
+                row.append(
+                    " / ".join(f"{p[k]:.3f}" if k in p else "-" for k in ("valid", "ar_hit", "others"))
+                )
+            rows.append(row)
+            for r in group:
+                csv_rows.append(
+                    {
+                        "variant": variant,
+                        "label": spec.label,
+                        "size": size,
+                        "seed": r.seed,
+                        "state": r.state,
+                        "reason": r.reason,
+                        **{
+                            k: r.values.get(k, math.nan)
+                            for k in ("valid", "ar_hit", "others", "ar_hit_share")
+                        },
+                        "mlflow_run_id": r.run_id or "",
+                        **r.searched,
+                    }
+                )
+    if not any(math.isfinite(r.values.get("ar_hit", math.nan)) for r in records if r.state == "finished"):
+        # A task recipe (or any run without the bigram split): no AR-Hit slices, so no columns of n/a.
+        keep = [i for i, h in enumerate(headers) if h not in AR_HIT_COLUMNS]
+        headers = [headers[i] for i in keep]
+        rows = [[row[i] for i in keep] for row in rows]
+    return headers, rows, csv_rows
+
+
+AR_HIT_COLUMNS = ("AR-Hit", "Others", "AR-Hit share")
+
+
+def plot_loss_curves(records: list[RunRecord], labels: dict[str, str], path: Path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.5), dpi=120)  # no pyplot: no global state, safe in workers
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    colors: dict[str, Any] = {}
+    for r in sorted(records, key=lambda r: (r.variant, r.seed)):
+        if not r.curve:
+            continue
+        key = r.variant + (f" ({r.size})" if r.size else "")
+        first = key not in colors
+        color = colors.setdefault(key, f"C{len(colors) % 10}")
+        xs, ys = zip(*r.curve)
+        ax.plot(
+            xs,
+            ys,
+            color=color,
+            alpha=0.9 if first else 0.5,
+            lw=1.4,
+            label=f"{labels.get(r.variant, r.variant)} [{key}]" if first else None,
+        )  # labels may repeat
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("validation loss (nats/token)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Validation loss; one line per run, one colour per variant")
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+@dataclass
+class Honesty:
+    """What the report says about itself (ablate.report.checks): lines under the title, row marks, notes
+    under the table, per-run convergence, and the lr-sensitivity section (empty without a search)."""
+
+    header: list[str]
+    marks: dict[tuple[str, str], str]
+    notes: list[str]
+    convergence: dict[str, Any]
+    sensitivity: str = ""
+    layers: str = ""  # per-layer statistics per row (why a row lags)
+
+
+def honesty_checks(ctx: Any, all_records: list[RunRecord], records: list[RunRecord]) -> Honesty:
+    """`records`: the runs the table shows; `all_records`: every run of the sweep (every searched point)."""
+    from ablate.report import checks as rc
+
+    convergence = rc.convergence_by_run(records)
+    groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    for r in records:
+        if r.run_id in convergence:
+            groups[(r.size, r.variant)].append(convergence[r.run_id])
+    marks = {key: mark for key, cs in groups.items() if (mark := rc.row_mark(cs))}
+    purpose = rc.scale_purpose(ctx.recipe.scale_overlay(ctx.scale).purpose, ctx.scale)
+    header = ([purpose] if purpose else []) + [
+        rc.tokens_and_convergence(records, convergence),
+        rc.lr_protocol(records, searched=any(r.searched for r in all_records)),
+    ]
+    notes = []
+    if rc.NOT_CONVERGED in marks.values():
+        notes.append(
+            f"{rc.NOT_CONVERGED}: at least one run of the row had not converged (its fitted loss curve "
+            "predicts 1% or more lower loss from twice the tokens)."
+        )
+    if rc.UNKNOWN in marks.values():
+        notes.append(
+            f"{rc.UNKNOWN}: a run of the row had too few validations after warmup to fit a loss curve."
+        )
+    if rc.all_intervals_contain_zero(row_diffs(list(ctx.recipe.variants), records).values()):
+        notes.append(rc.ALL_CONTAIN_ZERO)
+    sensitivity = rc.lr_sensitivity(all_records, list(ctx.recipe.variants))
+    text = rc.sensitivity_markdown(sensitivity, row_labels(ctx)) if sensitivity else ""
+    layers = rc.layer_diagnostics(records, list(ctx.recipe.variants), row_labels(ctx))
+    return Honesty(header, marks, notes, convergence, text, layers)
+
+
+def row_labels(ctx: Any) -> dict[str, str]:
+    """Variant -> its label, with the variant key added where two rows share a label (Table 6 has two
+    'Transformer' rows)."""
+    labels = {k: v.label for k, v in ctx.recipe.variants.items()}
+    counts = defaultdict(int)
+    for label in labels.values():
+        counts[label] += 1
+    return {k: label if counts[label] == 1 else f"{label} [{k}]" for k, label in labels.items()}
+
+
+def add_convergence_columns(csv_rows: list[dict[str, Any]], convergence: dict[str, Any]) -> None:
+    for row in csv_rows:
+        c = convergence.get(row.get("mlflow_run_id"))
+        row["converged"] = "" if c is None else {True: "yes", False: "no", None: "unknown"}[c.converged]
+        row["predicted_gain_2x_tokens"] = math.nan if c is None else c.predicted_gain
+
+
+def study_time(study: Any) -> str:
+    """Wall-clock of the study's completed trials (first start to last end) and their summed run time."""
+    from ablate.store.study import completed_spans
+
+    spans = completed_spans(study.get_trials(deepcopy=False))
+    if not spans:
+        return "wall-clock: no completed trials"
+    wall = (max(end for _, end in spans) - min(start for start, _ in spans)).total_seconds()
+    summed = sum((end - start).total_seconds() for start, end in spans)
+    return (
+        f"wall-clock: {wall / 60:.1f} min from the first trial's start to the last one's end "
+        f"({summed / 60:.1f} min of trials summed over workers)"
+    )
+
+
+def precisions(records: list[RunRecord]) -> str:
+    """The precisions the runs trained in, with the rule's reason (the machine's capability)."""
+    seen = {
+        f"{r.tags['ablate.precision']} ({r.tags.get('ablate.precision_reason', 'reason not recorded')})"
+        for r in records
+        if r.tags.get("ablate.precision")
+    }
+    return "; ".join(sorted(seen)) or "not recorded"
+
+
+def write_report(ctx: Any, study: Any, folder: Path) -> Path:
+    records = collect(ctx, study)
+    all_records = records
+    chosen: list[str] = []
+    if any(r.searched for r in records):
+        records, chosen = best_per_variant(records)
+    warnings = edge_warnings(records, ctx.search)
+    folder.mkdir(parents=True, exist_ok=True)
+    honesty = honesty_checks(ctx, all_records, records)
+    headers, rows, csv_rows = table_rows(ctx, records, marks=honesty.marks)
+    add_convergence_columns(csv_rows, honesty.convergence)
+    table = markdown_table(headers, rows)
+    title = f"# {ctx.recipe.name} at scale {ctx.scale}\n\n" + "\n\n".join(honesty.header)
+    notes = [
+        "Cells: mean over seeds [95% Student-t interval]. Δ: paired by seed against the first row; "
+        "* when the interval excludes 0."
+        + (
+            " AR-Hit: loss on tokens that complete a bigram seen earlier in the same sequence; Others: every "
+            "other token; the share column is AR-Hit's share of tokens."
+            if "AR-Hit" in headers
+            else ""
+        )
+    ]
+    if any(r.state != "finished" for r in records):
+        notes.append("Failed or pruned runs are counted in the seeds column and left out of the statistics.")
+    if chosen:
+        notes.append("Best over the search per variant: " + "; ".join(chosen) + ".")
+    notes += [f"WARNING: {w}" for w in warnings]
+    notes += honesty.notes
+    sections = ""
+    if honesty.sensitivity:
+        (folder / "lr_sensitivity.md").write_text(
+            f"# {ctx.recipe.name} at scale {ctx.scale}: sensitivity to the "
+            f"searched grid\n\n{honesty.sensitivity}"
+        )
+        sections = f"\n## Sensitivity to the searched grid\n\n{honesty.sensitivity}"
+    if honesty.layers:
+        sections += f"\n## Residual stream: why a row may lag\n\n{honesty.layers}"
+    (folder / "table.md").write_text(f"{title}\n\n{table}\n\n" + "\n\n".join(notes) + "\n" + sections)
+    with open(folder / "table.csv", "w", newline="") as f:
+        fields = list(dict.fromkeys(k for row in csv_rows for k in row))
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(csv_rows)
+    labels = {k: v.label for k, v in ctx.recipe.variants.items()}
+    plot_loss_curves(records, labels, folder / "loss_curves.png")
+    command = "ablate " + " ".join(sys.argv[1:]) if sys.argv and "ablate" in sys.argv[0] else "ablate sweep"
+    shown = f"; the table shows each variant's best, {len(records)} runs" if chosen else ""
+    (folder / "README.md").write_text(
+        f"# How this report was made\n\n- command: `{command}`\n- recipe: `{ctx.recipe.path}` (scale `{ctx.scale}`, "
+        f"seeds {sorted({r.seed for r in all_records}) or ctx.seeds})\n- study: `{ctx.study_name}` ({len(all_records)} runs{shown})\n- code version: "
+        f"`{tracking.code_version()}`\n- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}\n"
+        f"- {study_time(study)}\n- precision: {precisions(all_records)}\n"
+        f"- files: `table.md`, `table.csv` (one row per run), `loss_curves.png`"
+        + (", `lr_sensitivity.md`" if honesty.sensitivity else "")
+        + "\n"
+    )
+    from ablate.report.probes import write_probe_report
+
+    write_probe_report(
+        ctx, records, folder
+    )  # Table 5 / Figure 8 sections when runs were probed (`ablate eval`)
+    if task_report.is_task_recipe(ctx):  # Tables 2-3 and Figure 5 of a recipe whose data is a task
+        task_report.write_task_report(ctx, records, folder)
+    _attach(ctx, study, folder)
+    print(
+        f"[report] {folder / 'table.md'}\n\n"
+        + "\n".join(honesty.header)
+        + f"\n\n{table}\n"
+        + "".join(f"\n{n}" for n in honesty.notes)
+        + (f"\n\n{honesty.sensitivity}" if honesty.sensitivity else ""),
+        flush=True,
+    )
+    return folder
+
+
+def _attach(ctx: Any, study: Any, folder: Path) -> None:
+    parent = study.user_attrs.get("mlflow_parent_run_id")
+    if not parent:
+        return
+    client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+    tracking.log_files(client, parent, sorted(folder.iterdir()), artifact_path="report")
+    done, total = _counts(study)
+    tracking.log_metrics(client, parent, {"trials_finished": done, "trials": total}, step=0)
+    if done == total:
+        client.set_terminated(parent, status="FINISHED")
+
+
+def _counts(study: Any) -> tuple[int, int]:
+    from ablate.store.study import progress_counts
+
+    done, total, _ = progress_counts(study)
+    return done, total

@@ -1,0 +1,241 @@
+"""`ablate server`: one MLflow tracking server that workers on many machines log to.
+
+The server keeps runs in a SQL backend store (PostgreSQL for many machines; SQLite in the workspace by
+default) and serves artifacts itself (`--serve-artifacts`): workers upload through HTTP into one folder
+on the server's machine, so they need no shared filesystem and no cloud credentials. It listens on
+127.0.0.1 unless `--host` says otherwise. The command line is an argument list: nothing reaches a shell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ablate.core.errors import UserError
+from ablate.store import tracking
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # binds to every interface
+READY_TIMEOUT = 180.0  # seconds; the first start on an empty database runs MLflow's migrations
+
+
+def server_command(
+    backend_store_uri: str,
+    artifacts: Path,
+    host: str,
+    port: int,
+    workers: int = 1,
+    allowed_hosts: str | None = None,
+) -> list[str]:
+    """The `mlflow server` argument list."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        backend_store_uri,
+        "--serve-artifacts",
+        "--artifacts-destination",
+        artifacts.as_uri(),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+    ]
+    if allowed_hosts:
+        cmd += ["--allowed-hosts", allowed_hosts]
+    return cmd
+
+
+def backend_store(uri: str | None, workspace: Path) -> str:
+    """The backend store URL: the user's (a SQLAlchemy URL) or the workspace's SQLite file."""
+    if uri is None:
+        return tracking.tracking_uri_for(workspace, None)
+    if uri.startswith(("http:", "https:")) or "://" not in uri:
+        raise UserError(
+            f"--backend-store-uri: {uri!r} is not a database URL; use postgresql://user@host/db "
+            "or sqlite:///path/mlflow.db"
+        )
+    return tracking.database_url(uri)
+
+
+def url_for(host: str, port: int) -> str:
+    """The address clients use; a wildcard bind is reached through the loopback address here."""
+    shown = "127.0.0.1" if host in WILDCARD_HOSTS else host
+    return f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+
+
+def wait_ready(proc: subprocess.Popen, url: str, timeout: float = READY_TIMEOUT) -> None:
+    """Block until the server answers /health; UserError if it exits or does not answer in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise UserError(
+                f"ablate server: mlflow server exited with code {proc.returncode} before it "
+                "was ready (see its output above: port in use? database unreachable?)"
+            )
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:  # noqa: S310 (our own URL)
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise UserError(f"ablate server: no answer from {url}/health within {timeout:.0f} s")
+
+
+def serve(
+    *,
+    workspace: Path,
+    backend_store_uri: str | None = None,
+    artifacts: Path | None = None,
+    host: str = "127.0.0.1",
+    port: int = 5000,
+    workers: int = 1,
+    allowed_hosts: str | None = None,
+) -> int:
+    """Start the server, print its URL once it answers, and run until interrupted or terminated."""
+    if not 0 < port < 65536:
+        raise UserError(f"--port: expected 1-65535, got {port}")
+    if workers < 1:
+        raise UserError(f"--workers: expected a positive number, got {workers}")
+    store = backend_store(backend_store_uri, workspace)
+    artifacts = Path(artifacts) if artifacts else tracking.ensure_workspace(workspace) / "artifacts"
+    try:
+        artifacts.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--artifacts: cannot create {artifacts}: {e.strerror or e}") from None
+    artifacts = artifacts.resolve()
+    url = url_for(host, port)
+
+    def ready() -> None:
+        remote = f"http://{socket.getfqdn()}:{port}" if host in WILDCARD_HOSTS else url  # wildcard bind
+        print(
+            f"MLflow server on {url}  (backend store {_redact(store)}, artifacts {artifacts})\n"
+            f"workers: --tracking-uri {remote}",
+            flush=True,
+        )
+
+    return run_until_stopped(server_command(store, artifacts, host, port, workers, allowed_hosts), url, ready)
+
+
+def ui_command(backend_store_uri: str, artifacts_uri: str, host: str, port: int) -> list[str]:
+    """The `mlflow ui` argument list (one worker: a person's browser, not a fleet of training workers)."""
+    return [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        backend_store_uri,
+        "--default-artifact-root",
+        artifacts_uri,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+
+
+def serve_ui(workspace: Path, tracking_uri: str | None, host: str = "127.0.0.1", port: int = 5000) -> int:
+    """`ablate ui`: `mlflow ui` over the workspace store, opened on the runs, until interrupted or terminated.
+
+    Every experiment in the store is tagged as a training experiment first (stores written before the tag
+    existed), so MLflow 3 shows its runs table rather than its GenAI overview; the runs page of each
+    experiment is printed once the UI answers.
+    """
+    if tracking_uri and tracking_uri.startswith("http"):
+        print(f"the tracking server is already a UI: open {tracking_uri}")
+        return 0
+    if not 0 < port < 65536:
+        raise UserError(f"--port: expected 1-65535, got {port}")
+    uri = tracking.tracking_uri_for(workspace, tracking_uri)
+    artifacts = (tracking.ensure_workspace(workspace) / "artifacts").as_uri()
+    client = tracking.client_for(workspace, tracking_uri)
+    experiments = [
+        e for e in client.search_experiments(order_by=["last_update_time DESC"]) if e.name != "Default"
+    ]
+    for experiment in experiments:
+        tracking.mark_training_experiment(client, experiment)
+    url = url_for(host, port)
+    print(f"MLflow UI on {url}  (store {uri}; Ctrl-C stops it)", flush=True)
+
+    def ready() -> None:
+        for experiment in experiments:
+            print(
+                f"runs of {experiment.name}: {tracking.runs_page_url(url, experiment.experiment_id)}",
+                flush=True,
+            )
+
+    return run_until_stopped(ui_command(uri, artifacts, host, port), url, ready)
+
+
+def run_until_stopped(cmd: list[str], url: str, on_ready) -> int:
+    """Run an MLflow server command until it exits, Ctrl-C or SIGTERM; on any of them stop its whole
+    process group (uvicorn workers, job consumers): nothing is left holding the port."""
+    # Its own process group: `mlflow server`/`ui` run uvicorn and job consumers in child processes.
+    proc = subprocess.Popen(cmd, start_new_session=True)
+
+    def stop(signum: int, frame: object) -> None:  # SIGTERM: stop the server too, then exit
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        wait_ready(proc, url)
+        on_ready()
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
+    """SIGTERM to the whole group, SIGKILL to whatever of it is left after `grace` seconds. The group
+    outlives its leader when `mlflow` exits before its workers, so it is the group that is waited for."""
+    deadline = time.monotonic() + grace
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        while time.monotonic() < deadline and _group_alive(proc):
+            time.sleep(0.1)
+        if not _group_alive(proc):
+            break
+        deadline = time.monotonic() + 10.0
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=1)
+
+
+def _group_alive(proc: subprocess.Popen) -> bool:
+    proc.poll()  # reap the leader, or it stays a zombie member of its own group
+    try:
+        os.killpg(proc.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _redact(url: str) -> str:
+    """The URL without a password."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest.split("/", 1)[0]:
+        user = rest.split("@", 1)[0].split(":", 1)[0]
+        return f"{scheme}{sep}{user}:***@{rest.split('@', 1)[1]}"
+    return url

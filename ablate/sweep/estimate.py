@@ -1,0 +1,87 @@
+"""The plan a sweep prints before it starts: trials, tokens, FLOPs, and time from a short calibration.
+
+Calibration times forward + backward passes on the device the run trains on (CUDA when present), in the
+precision it trains in (`auto` resolved by `ablate.hardware.precision`'s rule), through the device's clock
+(`ablate.hardware.device`: synchronised on CUDA). When one
+micro-batch of the real model is cheap (small scales) the real model is timed; otherwise a one-layer
+model of the same width and vocabulary on one short sequence, whose FLOP rate stands in for the whole.
+The estimate is training FLOPs / measured FLOP rate; validation and start-up add a little on top.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from ablate.hardware.device import DeviceOps, device_ops
+from ablate.hardware.precision import autocast, choose_precision, compute_dtype, training_device
+from ablate.model.budget import model_budget
+from ablate.model.decoder import build_model
+from ablate.recipe.resolve import RunSpec
+
+REAL_MODEL_LIMIT = 5e10  # training FLOPs of one calibration micro-batch above which the probe is used
+
+
+@dataclass
+class Plan:
+    trials: int
+    tokens: int
+    train_flops: float
+    flops_per_s: float
+    precision: str = ""  # what the calibration ran in, and why
+    precision_reason: str = ""
+
+    @property
+    def seconds(self) -> float:
+        return self.train_flops / self.flops_per_s * 1.1  # +10%: validation, checkpoints, start-up
+
+
+def calibrate(run: RunSpec, repeats: int = 4, *, ops: DeviceOps | None = None) -> tuple[float, str, str]:
+    """Measured training FLOP/s for `run`'s shapes on this machine: the fastest of `repeats` timed steps,
+    so that a moment of contention from other processes does not inflate the estimate many times over.
+    Returns (FLOP/s, precision, why that precision). `ops`: the device's clock (default: the device
+    `train.accelerator` trains on)."""
+    model_cfg, train = run.model, run.train
+    seq_len, batch = train.seq_len, train.micro_batch_size
+    flops = 3 * model_budget(model_cfg, seq_len).fwd_flops_per_token * seq_len * batch
+    if flops > REAL_MODEL_LIMIT:
+        model_cfg = replace(model_cfg, n_layers=1)
+        seq_len, batch = min(seq_len, 256), 1
+        flops = 3 * model_budget(model_cfg, seq_len).fwd_flops_per_token * seq_len * batch
+    device = training_device(train.accelerator)
+    # Accelerators other than CPU and CUDA (mps, tpu) have no clock here: the CPU's rate stands in.
+    ops = ops or device_ops(device if device in ("cpu", "cuda") else "cpu", key="train.accelerator")
+    precision, why = choose_precision(train.precision, ops.device, key="train.precision")
+    model = build_model(model_cfg, seed=0).to(ops.device)
+    if precision.endswith("-true"):  # parameters held in that dtype (Lightning's "true" precisions)
+        model = model.to(compute_dtype(precision))
+    tokens = torch.randint(0, model_cfg.vocab_size, (batch, seq_len)).to(ops.device)
+
+    def step() -> None:
+        with autocast(ops.device, precision):
+            loss = model(tokens).float().logsumexp(-1).mean()
+        loss.backward()
+
+    step()  # warm-up
+    fastest = float("inf")
+    for _ in range(repeats):
+        started = ops.now()
+        step()
+        fastest = min(fastest, ops.now() - started)
+    return flops / fastest, precision, why
+
+
+def make_plan(runs: list[RunSpec]) -> Plan:
+    tokens = sum(r.train.tokens for r in runs)
+    flops = sum(3 * model_budget(r.model, r.train.seq_len).fwd_flops_per_token * r.train.tokens for r in runs)
+    largest = max(runs, key=lambda r: model_budget(r.model, r.train.seq_len).params)
+    flops_per_s, precision, why = calibrate(largest)
+    return Plan(
+        trials=len(runs),
+        tokens=tokens,
+        train_flops=flops,
+        flops_per_s=flops_per_s,
+        precision=precision,
+        precision_reason=why,
+    )

@@ -1,0 +1,456 @@
+"""`ablate sweep`: one Optuna study per recipe and scale; every trial one training run.
+
+The grid (variants x sizes x seeds, times a search spec's grid points or sampled trials) is enqueued
+once as WAITING trials whose parameters fix the run; workers claim waiting trials one at a time (an
+atomic WAITING -> RUNNING transition in the storage, so N workers run each trial exactly once).
+A trial's value is the run's final validation loss; its user attributes carry variant, seed, run key
+and MLflow run id. MLflow holds one parent run per study and one child run per trial.
+
+Liveness, the same for the journal file and an RDB: a worker writes its host, pid and a heartbeat
+timestamp into the trial it runs. A RUNNING trial whose worker is gone (same host and the pid is dead,
+or no heartbeat for `grace_period` seconds) is failed and re-enqueued with the same parameters; the
+retry resumes the run from its last checkpoint and its MLflow run (same run key), so a run is never
+finished twice. Optuna's own heartbeat exists only for RDB storages, hence this.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ablate.core.errors import UserError
+from ablate.core.tables import format_seconds, si
+from ablate.recipe.resolve import RunSpec
+from ablate.recipe.search import point_label
+from ablate.store import tracking
+from ablate.store.study import (  # noqa: F401 (SweepContext, report_folder... are used through ablate.sweep.run too)
+    SweepContext,
+    is_settled,
+    open_study,
+    plan_key,
+    progress_counts,
+    report_folder,
+    storage_for,
+    trial_plan,
+)
+
+HEARTBEAT_SECONDS = 5.0
+
+
+# --- storage and study ----------------------------------------------------------------------------
+def enqueue_missing(study: Any, plans: list[dict[str, Any]]) -> int:
+    """Enqueue the plans that have no trial yet (in any state); returns how many were added."""
+    have = {t.user_attrs.get("plan") for t in study.get_trials(deepcopy=False)}
+    added = 0
+    for plan in plans:
+        key = plan_key(plan)
+        if key not in have:
+            # Only searched keys are Optuna parameters (their spaces are the same in every trial);
+            # variant, seed and size are the trial's plan, a user attribute.
+            searched = {k: v for k, v in plan.items() if k.startswith("base.")}
+            study.enqueue_trial(searched, user_attrs={"plan": key}, skip_if_exists=False)
+            added += 1
+    return added
+
+
+# --- claiming, liveness, retries ---------------------------------------------------------------------
+def trial_id(study: Any, storage: Any, number: int) -> int:
+    """The storage's id of trial `number` of `study`, through the storage's public API."""
+    return storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(study.study_name), number
+    )
+
+
+def claim_waiting(study: Any, storage: Any):
+    """Atomically take one WAITING trial (WAITING -> RUNNING in the storage), or None.
+
+    `study.ask()` also pops a waiting trial, but creates a new one when none is left (or another worker
+    took the last between our look and our ask); a worker here must run only enqueued plans, so it claims
+    with the storage's own atomic `set_trial_state_values`, all public Optuna API."""
+    import optuna
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    for frozen in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        tid = trial_id(study, storage, frozen.number)
+        try:
+            if storage.set_trial_state_values(tid, state=TrialState.RUNNING):
+                return optuna.trial.Trial(study, tid)
+        except UpdateFinishedTrialError:
+            continue
+    return None
+
+
+def is_stale(trial: Any, grace_period: float, now: float | None = None) -> bool:
+    """Is the worker of this RUNNING trial gone?"""
+    attrs = trial.user_attrs
+    host, pid = attrs.get("worker_host"), attrs.get("worker_pid")
+    if host == socket.gethostname() and pid and not _pid_alive(int(pid)):
+        return True
+    beat = attrs.get("heartbeat") or (trial.datetime_start.timestamp() if trial.datetime_start else None)
+    return beat is not None and (now or time.time()) - float(beat) > grace_period
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child (killed, not yet reaped) still answers kill(0): ask /proc where there is one.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def fail_and_requeue(study: Any, storage: Any, frozen: Any, reason: str) -> bool:
+    """Mark a RUNNING trial FAIL and enqueue a retry with the same plan; False if someone else did."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    try:
+        # The reason first: a finished trial takes no more attributes. The state change is the atomic
+        # step: of several workers that see the same stale trial, one wins and re-enqueues it.
+        tid = trial_id(study, storage, frozen.number)
+        storage.set_trial_user_attr(tid, "failure_reason", reason)
+        if not storage.set_trial_state_values(tid, state=TrialState.FAIL):
+            return False
+    except UpdateFinishedTrialError:
+        return False
+    study.enqueue_trial(
+        dict(frozen.params),
+        user_attrs={"plan": frozen.user_attrs.get("plan"), "retry_of": frozen.number},
+        skip_if_exists=False,
+    )
+    return True
+
+
+def recover_stale(study: Any, storage: Any, grace_period: float) -> int:
+    from optuna.trial import TrialState
+
+    n = 0
+    for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if is_stale(frozen, grace_period) and fail_and_requeue(study, storage, frozen, "worker died"):
+            n += 1
+    return n
+
+
+class Heartbeat:
+    """Writes host, pid and a timestamp into a running trial every few seconds."""
+
+    def __init__(self, trial: Any, interval: float = HEARTBEAT_SECONDS):
+        self.trial, self.interval = trial, interval
+        self._stop = threading.Event()
+        trial.set_user_attr("worker_host", socket.gethostname())
+        trial.set_user_attr("worker_pid", os.getpid())
+        trial.set_user_attr("heartbeat", time.time())
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.trial.set_user_attr("heartbeat", time.time())
+            except Exception:  # the trial finished meanwhile, or the storage hiccuped: next beat retries
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# --- the worker loop -------------------------------------------------------------------------------------
+def parent_run_id(ctx: SweepContext, study: Any) -> str:
+    """The study's MLflow parent run (created once, remembered in the study)."""
+    known = study.user_attrs.get("mlflow_parent_run_id")
+    if known:
+        return known
+    client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+    experiment_id = tracking.get_experiment_id(
+        client, tracking.experiment_name(ctx.recipe.name, ctx.scale), ctx.workspace
+    )
+    found = client.search_runs(
+        [experiment_id], filter_string=f"tags.`ablate.store.study` = '{ctx.study_name}'"
+    )
+    if found:
+        run_id = found[0].info.run_id
+    else:
+        tags = {
+            "ablate.study": ctx.study_name,
+            "ablate.role": "sweep",
+            "ablate.recipe": ctx.recipe.name,
+            "ablate.scale": ctx.scale,
+            "ablate.code_version": tracking.code_version(),
+        }
+        run_id = client.create_run(experiment_id, run_name=f"sweep {ctx.study_name}", tags=tags).info.run_id
+    study.set_user_attr("mlflow_parent_run_id", run_id)
+    return run_id
+
+
+def work(ctx: SweepContext, study: Any, storage: Any, workers: int = 1) -> int:
+    """Run trials until none is waiting or running elsewhere; returns the number this process trained."""
+    expected = study.user_attrs.get("recipe_key")
+    if (
+        expected and expected != ctx.recipe_key()
+    ):  # a worker elsewhere with an edited recipe or other overrides
+        raise UserError(
+            f"--storage: study {ctx.study_name!r} was enqueued from another version of the recipe "
+            "(file, --scale or overrides differ); start the worker with the same ones as `ablate sweep`"
+        )
+    trained = 0
+    parent = parent_run_id(ctx, study)
+    while True:
+        trial = claim_waiting(study, storage)
+        if trial is None:
+            if recover_stale(study, storage, ctx.grace_period):
+                continue
+            from optuna.trial import TrialState
+
+            if not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                return trained
+            time.sleep(1.0)  # others are still running: one of them may die and need a retry
+            continue
+        run_trial(ctx, study, storage, trial, parent, workers)
+        trained += 1
+
+
+def run_trial(ctx: SweepContext, study: Any, storage: Any, trial: Any, parent: str, workers: int) -> None:
+    import optuna
+
+    from ablate.train.loop import Diverged, train_run
+    from ablate.train.pruning import PruningCallback
+
+    plan = trial_plan(trial)
+    sampled = {d.key: d.suggest(trial) for d in ctx.search.dimensions}  # enqueued grid points come back fixed
+    run = ctx.run_for_plan(plan, sampled)
+    heartbeat = Heartbeat(trial)
+    try:
+        client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+        _, run_id = tracking.open_run(
+            client,
+            run,
+            ctx.workspace,
+            parent_run_id=parent,
+            extra_tags={"ablate.trial": str(trial.number), "ablate.study": ctx.study_name},
+        )
+        for key, value in {
+            "variant": run.variant,
+            "seed": run.seed,
+            "size": run.size or "",
+            "run_key": run.key,
+            "run_name": run.name,
+            "mlflow_run_id": run_id,
+        }.items():
+            trial.set_user_attr(key, value)
+        _print_progress(ctx, study, run, workers, sampled)
+        callbacks = [PruningCallback(trial)] if ctx.search.pruner.get("name", "none") != "none" else []
+        result = train_run(
+            run,
+            workspace=ctx.workspace,
+            tracking_uri=ctx.tracking_uri,
+            parent_run_id=parent,
+            progress=ctx.progress,
+            callbacks=callbacks,
+        )
+    except Diverged as e:
+        heartbeat.stop()
+        trial.set_user_attr("failure_reason", f"diverged: {e}")
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        print(f"[sweep] {run.name} diverged ({e}); marked failed, going on", flush=True)
+        return
+    except optuna.TrialPruned as e:
+        heartbeat.stop()
+        client.set_tag(run_id, "ablate.pruned", str(e))
+        client.set_terminated(run_id, status="KILLED")
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        return
+    except BaseException as e:  # a user error, Ctrl-C or a bug: hand the trial back for the next attempt
+        heartbeat.stop()
+        fail_and_requeue(
+            study, storage, study.get_trials(deepcopy=False)[trial.number], f"interrupted: {type(e).__name__}"
+        )
+        raise
+    if ctx.recipe.eval(run.scale).after_trial:  # the recipe's eval: probes each run as its trial ends
+        from ablate.probes.run import probe_after_trial
+
+        probe_after_trial(
+            ctx.recipe, run, result.run_id, workspace=ctx.workspace, tracking_uri=ctx.tracking_uri
+        )
+    heartbeat.stop()
+    study.tell(trial, result.val_loss)
+    print(f"[sweep] {result.summary()}", flush=True)
+
+
+def _print_progress(
+    ctx: SweepContext, study: Any, run: RunSpec, workers: int, sampled: dict[str, Any] | None = None
+) -> None:
+    done, total, durations = progress_counts(study)
+    eta = ""
+    if durations:
+        remaining = max(0, total - done) * (sum(durations) / len(durations)) / max(1, workers)
+        eta = f", ETA {format_seconds(remaining)}"
+    # a searched point names itself (`lr=0.003`): the trials of one run name differ only there
+    point = f", {point_label(tuple(sampled.items()))}" if sampled else ""
+    print(
+        f"[sweep {ctx.study_name}] trial {done + 1}/{total}: {run.name} ({run.label}{point}){eta}", flush=True
+    )
+
+
+# --- local worker processes ----------------------------------------------------------------------------
+def spawn_workers(ctx: SweepContext, n: int, overrides_argv: list[str]) -> list[subprocess.Popen]:
+    """Start `n` `ablate worker` processes on this machine; their output goes to the workspace's logs/."""
+    logs = tracking.ensure_workspace(ctx.workspace) / "logs"
+    logs.mkdir(exist_ok=True)
+    storage = ctx.storage_url or f"journal:{tracking.ensure_workspace(ctx.workspace) / 'optuna.journal'}"
+    # The cores are shared out: n workers of all-core thread pools oversubscribe the CPU (measured on 2
+    # cores under load: 2 threads per process ran ~4x slower than 1). A user's own setting is kept.
+    env = {**os.environ}
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    procs = []
+    for i in range(n):
+        cmd = [
+            sys.executable,
+            "-m",
+            "ablate.cli",
+            "worker",
+            str(ctx.recipe.path),
+            "--scale",
+            ctx.scale,
+            "--storage",
+            storage,
+            "--workspace",
+            str(ctx.workspace),
+            "--seeds",
+            *map(str, ctx.seeds),
+        ]
+        if ctx.tracking_uri:
+            cmd += ["--tracking-uri", ctx.tracking_uri]
+        if ctx.search_path:
+            cmd += ["--search", ctx.search_path]
+        cmd += overrides_argv
+        log = open(logs / f"{ctx.study_name}-worker{i}.log", "ab")  # noqa: SIM115 (closed with the process)
+        procs.append(
+            subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        )
+    return procs
+
+
+def wait_for_workers(ctx: SweepContext, study: Any, procs: list[subprocess.Popen]) -> None:
+    last = None
+    try:
+        while any(p.poll() is None for p in procs):
+            done, total, _ = progress_counts(study)
+            if (done, total) != last:
+                print(
+                    f"[sweep {ctx.study_name}] {done}/{total} trials finished, {len(procs)} workers",
+                    flush=True,
+                )
+                last = (done, total)
+            time.sleep(2.0)
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGINT)
+        for p in procs:
+            p.wait()
+        raise
+    bad = [p.returncode for p in procs if p.returncode not in (0, None)]
+    if bad:
+        logs = tracking.ensure_workspace(ctx.workspace) / "logs"
+        raise UserError(f"--workers: {len(bad)} worker(s) exited with {bad}; see {logs}")
+
+
+# --- the whole sweep -----------------------------------------------------------------------------------
+def pending_plans(study: Any, plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Plans without a finished trial (complete, pruned, or failed by divergence)."""
+    done = {t.user_attrs.get("plan") for t in study.get_trials(deepcopy=False) if is_settled(t)}
+    return [p for p in plans if plan_key(p) not in done]
+
+
+def confirm_plan(ctx: SweepContext, pending: list[dict[str, Any]], yes: bool) -> None:
+    from ablate.sweep.estimate import make_plan
+
+    runs = [ctx.run_for_plan(p) for p in pending]
+    plan = make_plan(runs)
+    print(
+        f"[sweep {ctx.study_name}] plan: {plan.trials} trials, {si(plan.tokens)} tokens, "
+        f"{si(plan.train_flops)}FLOP of training; calibrated {si(plan.flops_per_s)}FLOP/s here in "
+        f"{plan.precision} ({plan.precision_reason}) "
+        f"-> about {format_seconds(plan.seconds)} on one worker",
+        flush=True,
+    )
+    if plan.seconds > 3600 and not yes:
+        if not sys.stdin or not sys.stdin.isatty():
+            raise UserError(
+                f"--yes: the sweep is estimated at {format_seconds(plan.seconds)} (over an hour); "
+                "pass --yes to start it, or a smaller --scale (e.g. tiny)"
+            )
+        answer = input(f"Estimated {format_seconds(plan.seconds)}. Start? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            raise UserError("--yes: not confirmed; nothing was started")
+
+
+def run_sweep(
+    ctx: SweepContext,
+    *,
+    workers: int = 1,
+    yes: bool = False,
+    reports: Path | None = None,
+    overrides_argv: list[str] | None = None,
+    train: bool = True,
+) -> Path | None:
+    """Plan, enqueue, train (here or in `workers` local processes), then report. Returns the report folder.
+
+    With `train=False` it only enqueues the trials and creates the MLflow parent run: `ablate worker`s on
+    other machines train them, and `ablate report` writes the report afterwards.
+    """
+    from ablate.report.table import write_report
+
+    study, storage = open_study(ctx)
+    plans = ctx.plans()
+    pending = pending_plans(study, plans)
+    report_dir = None
+    if pending:
+        confirm_plan(ctx, pending, yes)
+        enqueue_missing(study, plans)
+        study.set_user_attr("recipe_key", ctx.recipe_key())
+        parent_run_id(ctx, study)  # creates the MLflow store here, before workers would race to create it
+        if not train:
+            print(
+                f"[sweep {ctx.study_name}] {len(pending)} trials enqueued; start `ablate worker` processes "
+                "on the training machines, then `ablate report`",
+                flush=True,
+            )
+            return None
+        if workers > 1:
+            procs = spawn_workers(ctx, workers, overrides_argv or [])
+            wait_for_workers(ctx, study, procs)
+        else:
+            work(ctx, study, storage)
+    remaining = pending_plans(study, plans)
+    if remaining:
+        print(
+            f"[sweep {ctx.study_name}] {len(remaining)} trials still running elsewhere; "
+            "run `ablate report` with the same arguments when they finish",
+            flush=True,
+        )
+        return None
+    folder = report_folder(ctx, reports)
+    if pending or not (folder / "table.md").exists():
+        report_dir = write_report(ctx, study, folder)
+    else:
+        print(
+            f"[sweep {ctx.study_name}] all {len(plans)} trials were already finished; nothing to do",
+            flush=True,
+        )
+        report_dir = folder
+    return report_dir

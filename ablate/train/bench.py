@@ -1,0 +1,638 @@
+"""`ablate bench`: training and forward throughput, peak memory and MFU of a recipe's variants, in one run.
+
+What is measured, per variant and sequence length (the recipe's model at `scale`; each step holds
+`tokens_per_step` tokens, as max(1, tokens_per_step // seq_len) sequences, unless `batch_size` is given:
+equal work per step across lengths, and matrix products as tall as training's micro-batches make them):
+
+- where: `device` (default CUDA when present, else the CPU), in the precision `ablate.hardware.precision`'s rule
+  chooses for it (`auto`: bf16 autocast where the device runs bf16 natively, float32 elsewhere; an
+  explicit `precision` overrides). The choice and its reason are printed and written into bench.md.
+- training throughput: forward + backward + AdamW step (fused implementation), in that precision, loss in
+  float32 (as `ablate.train.loop` computes it), tokens/s of wall-clock time (on CUDA, synchronised: see
+  `ablate.hardware.device`).
+- forward throughput: the forward alone under `torch.no_grad()`, tokens/s.
+- peak memory: the peak of bytes held by PyTorch's allocator for the device during one training step,
+  above what it held when the step began (parameters and optimizer state are already there; activations,
+  gradients and temporaries are what grows). CPU: the allocator's own records (the profiler's memory
+  events), not the process RSS; CUDA: `torch.cuda.max_memory_allocated`. One extra, untimed step per arm.
+- the device's matmul peak, in the dtype the model's products ran in and in float32: square GEMMs, sizes
+  doubling from small while a product stays short, within a time budget (bf16 emulated on a CPU without
+  native bf16 is ~75x slower than float32: fixed large sizes took minutes there), best of every round.
+- MFU: budget FLOPs per token x 3 (training) x training tokens/s / the matmul peak of the dtype that ran.
+  Budget FLOPs count attention maps dense, as `ablate.model.budget` does (causal kernels execute about half of
+  them). A peak below the model's own achieved FLOP rate cannot be the device's peak (the measurement
+  was disturbed or too short): the MFU is then reported as suspect (NaN in the csv), not above 100%.
+
+Arms are interleaved and repeated: every round times every (variant, seq_len) once, after one untimed
+warm-up each; the tables report the median over rounds. One progress line per arm and round is printed
+as it goes (tokens/s so far, time left). The machine is shared: `bench.md` records the load average
+before and after.
+
+FLOP ceilings: for each variant against the first (the reference), the throughput ratio expected if time
+were proportional to the FLOPs of the whole model, for each way a kernel can run differential attention
+(an attention module lists them in `kernel_forms`: multipliers of its attention core, Eq. 1 as written
+being 1). Given dense (the budget's convention) and causal (masked half skipped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ablate.core.errors import UserError
+from ablate.core.registry import closest
+from ablate.core.tables import format_seconds, markdown_table
+from ablate.hardware.allocator import tune_glibc_malloc
+from ablate.hardware.device import CpuOps, DeviceOps, device_ops
+from ablate.hardware.precision import autocast, choose_precision, compute_dtype
+from ablate.model.budget import model_budget
+from ablate.model.decoder import ModelConfig, build_model
+from ablate.recipe.resolve import load_recipe
+from components.attention.backends import check_backend
+
+COLUMNS = ("variant", "seq_len", "train_tok_s", "fwd_tok_s", "peak_mem_mb", "mfu")
+DISTURBED = 0.05  # share of the machine's CPU used by other processes above which a timing is retaken
+TOKENS_PER_STEP = 4096  # 8 x 512 ... 1 x 4096: the default step
+PRECISIONS = ("auto", "bf16-mixed", "16-mixed", "32-true")  # what `ablate bench` runs (autocast or none)
+PEAK_BUDGET_S = 2.0  # seconds per matmul-peak measurement (one per dtype and round)
+PEAK_MAX_SIZE = 4096  # largest square GEMM of the peak measurement
+PEAK_SUSPECT = "n/a (peak suspect)"
+
+
+class ForeignCpu:
+    """CPU time other processes used while we ran: /proc/stat's busy time minus our own process time,
+    as a fraction of the machine (all cores) over the wall-clock interval. NaN where /proc is missing."""
+
+    def __init__(self) -> None:
+        self.start = self._snapshot()
+
+    @staticmethod
+    def _snapshot() -> tuple[float, float, float]:
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+            busy = (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError):
+            busy = float("nan")
+        return time.perf_counter(), busy, time.process_time()
+
+    def fraction(self) -> float:
+        wall0, busy0, own0 = self.start
+        wall1, busy1, own1 = self._snapshot()
+        cores = os.cpu_count() or 1
+        return max(0.0, (busy1 - busy0) - (own1 - own0)) / max(1e-9, (wall1 - wall0) * cores)
+
+
+@dataclass
+class Arm:
+    variant: str
+    seq_len: int
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    tokens: torch.Tensor
+    flops_per_token: float  # forward, budget convention
+    precision: str = "bf16-mixed"  # a resolved Lightning precision (`ablate.hardware.precision`)
+    ops: DeviceOps = field(default_factory=CpuOps)  # the device's clock and memory peak
+    train_s: list[float] = field(default_factory=list)
+    opt_s: list[float] = field(default_factory=list)  # the AdamW step inside each training step
+    fwd_s: list[float] = field(default_factory=list)
+    peak_bytes: int = 0
+
+    @property
+    def n_tokens(self) -> int:
+        return self.tokens.shape[0] * self.seq_len
+
+
+def run_bench(
+    recipe_path: str,
+    scale: str = "small",
+    variants: Sequence[str] = ("transformer", "diff"),
+    seq_lens: Sequence[int] = (512, 1024, 2048, 4096),
+    rounds: int = 3,
+    out: str = "reports/bench",
+    batch_size: int | None = None,
+    *,
+    tokens_per_step: int = TOKENS_PER_STEP,
+    overrides: Sequence[tuple[str, Any]] = (),
+    backend: str | None = None,
+    compile: bool = False,
+    device: str | None = None,
+    precision: str = "auto",
+    tune_malloc: bool = True,
+    retries: int = 2,
+    peak_budget_s: float = PEAK_BUDGET_S,
+    peak_max_size: int = PEAK_MAX_SIZE,
+    ops: DeviceOps | None = None,
+    echo: bool = True,
+) -> Path:
+    """Measure, write `<out>/bench.csv`, `bench.md` and `bench.png`; returns the folder.
+
+    `overrides`: dotted recipe overrides, as the other verbs take them; `backend` overrides every arm's
+    `attention_backend`; `compile` wraps each model in `torch.compile` (as `train.compile` does);
+    `device`: "cpu", "cuda", "cuda:N" (default: CUDA when present); `precision`: "auto" (the device's
+    rule, `ablate.hardware.precision`) or one of `PRECISIONS`; `tune_malloc` keeps freed memory in glibc's heap
+    (`tune_glibc_malloc`); `retries`: a measurement during which other processes used more than
+    `DISTURBED` of the CPU is taken again, up to this many times; `peak_budget_s` and `peak_max_size`
+    bound each matmul-peak measurement in time and size; `ops`: the device's clock and memory peak
+    (default: `device_ops(device)`; tests pass a stand-in); `echo`: print progress and the tables.
+    """
+    variants, seq_lens = list(variants), [int(n) for n in seq_lens]
+    checked = [
+        ("--rounds", rounds),
+        ("--tokens-per-step", tokens_per_step),
+        *(("--seq-lens", n) for n in seq_lens),
+    ]
+    for key, value in checked + ([("--batch-size", batch_size)] if batch_size is not None else []):
+        if value < 1:
+            raise UserError(f"{key}: expected a positive integer, got {value}")
+    if not variants or not seq_lens:
+        raise UserError("--variants and --seq-lens: give at least one each")
+    if backend is not None:
+        check_backend(backend, key="--backend")
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if not peak_budget_s > 0 or peak_max_size < 1:
+        raise UserError(
+            f"peak_budget_s, peak_max_size: expected positive, got {peak_budget_s}, {peak_max_size}"
+        )
+    ops = ops or device_ops(device)
+    chosen, why = choose_precision(precision, ops.device, key="--precision")
+    recipe = load_recipe(recipe_path, list(overrides), scale=scale)
+    for key in variants:
+        if key not in recipe.variants:
+            raise UserError(
+                f"--variants: unknown variant {key!r}{closest(key, recipe.variants)}; "
+                f"variants of {recipe.name}: {', '.join(recipe.variants)}"
+            )
+    say = _printer(echo)
+    say(f"precision: {chosen} ({why})")
+    runs: dict[str, Any] = {}
+    for run in recipe.runs_for([0], variants=variants):
+        runs.setdefault(run.variant, run)  # a recipe with a sizes axis: its first size
+    malloc = tune_glibc_malloc() if tune_malloc else "glibc malloc defaults"
+    load_before = os.getloadavg()
+    foreign = ForeignCpu()
+    configs = {}
+    for variant in variants:
+        config = runs[variant].model
+        configs[variant] = config if backend is None else replace(config, attention_backend=backend)
+
+    arms, models = [], {}
+    for variant in variants:  # one model and optimizer per variant, shared by its sequence lengths
+        model = build_model(configs[variant], seed=0).to(ops.device)
+        decay = [p for p in model.parameters() if p.ndim >= 2]
+        rest = [p for p in model.parameters() if p.ndim < 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0}],
+            lr=1e-5,  # tiny: the weights barely move, so every round times the same model
+            fused=True,
+        )
+        runnable = torch.compile(model) if compile else model
+        models[variant] = (model, runnable, optimizer)
+    generator = torch.Generator().manual_seed(0)
+    for n in seq_lens:
+        for variant in variants:
+            model, runnable, optimizer = models[variant]
+            vocab = configs[variant].vocab_size
+            batch = batch_size or max(1, tokens_per_step // n)
+            tokens = torch.randint(0, vocab, (batch, n + 1), generator=generator).to(ops.device)
+            flops = model_budget(configs[variant], n).fwd_flops_per_token
+            arms.append(Arm(variant, n, runnable, optimizer, tokens, flops, chosen, ops))
+
+    progress = Progress(arms, rounds, ops.now, say)
+    for i, arm in enumerate(arms):  # warm-up: allocator, kernels' first calls (and compilation)
+        start = ops.now()
+        with StillRunning(say, f"warm-up {i + 1}/{len(arms)}: {arm.variant} seq_len {arm.seq_len}"):
+            train_step(arm)
+            forward_step(arm)
+        progress.warmed_up(arm, ops.now() - start)
+    dtypes = list(dict.fromkeys([compute_dtype(chosen), torch.float32]))  # the dtype that ran, then float32
+    peaks: dict[torch.dtype, float] = {}
+    repeated = 0
+    for k in range(rounds):
+        for dtype in dtypes:
+            peak = matmul_peak(dtype, ops, budget_s=peak_budget_s, max_size=peak_max_size)
+            peaks[dtype] = max(peaks.get(dtype, 0.0), peak)
+        for arm in arms:
+            start = ops.now()
+            beat = StillRunning(say, f"{arm.variant} seq_len {arm.seq_len} round {k + 1}/{rounds}")
+            with beat:
+                (total, optimizer), again = undisturbed(lambda a=arm: train_step(a), retries)
+            arm.train_s.append(total)
+            arm.opt_s.append(optimizer)
+            with beat:
+                fwd, again_fwd = undisturbed(lambda a=arm: timed(forward_step, a), retries)
+            arm.fwd_s.append(fwd)
+            repeated += again + again_fwd
+            progress.timed(arm, k, ops.now() - start, len(dtypes) * peak_budget_s)
+    for i, arm in enumerate(arms):
+        arm.peak_bytes = ops.peak_bytes(lambda a=arm: train_step(a))
+        say(
+            f"[bench] peak memory {i + 1}/{len(arms)}: {arm.variant} seq_len {arm.seq_len}, "
+            f"{arm.peak_bytes / 2**20:,.0f} MB"
+        )
+    load_after = os.getloadavg()
+    foreign_share = foreign.fraction()
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = _rows(arms, peaks[dtypes[0]])
+    _write_csv(rows, folder / "bench.csv")
+    ceilings = {
+        v: {n: flop_ceilings(configs[variants[0]], configs[v], n) for n in seq_lens} for v in variants[1:]
+    }
+    backends_used = {v: _backends(models[v][0], ops.device, dtypes[0]) for v in variants}
+    text = _markdown(
+        recipe.name,
+        scale,
+        f"{batch_size} sequences per step" if batch_size else f"{tokens_per_step} tokens per step",
+        rows,
+        (chosen, why, dtypes[0]),
+        peaks,
+        ceilings,
+        backends_used,
+        (ops.describe(), rounds, compile),
+        (load_before, load_after),
+        malloc,
+        (foreign_share, repeated),
+    )
+    (folder / "bench.md").write_text(text)
+    _plot(rows, variants, ceilings, folder / "bench.png")
+    say(text)
+    return folder
+
+
+# --- progress ------------------------------------------------------------------------------------------
+
+
+def _printer(echo: bool) -> Callable[[str], None]:
+    def say(line: str) -> None:
+        if echo:
+            print(line, flush=True)  # flushed: a person (or a log file) sees each line as it happens
+
+    return say
+
+
+class StillRunning(contextlib.AbstractContextManager):
+    """While the body runs, a line every `every` seconds (`[bench] what: still running, 62 s`): one step of
+    a big model on a slow CPU (float32 on AVX2 took 34 s) must not leave a person without a sign of life.
+    A thread waiting on an event: it wakes only to print, so it does not disturb the timings. Reusable."""
+
+    def __init__(self, say: Callable[[str], None], what: str, every: float = 25.0):
+        self.say, self.what, self.every = say, what, every
+        self.started = time.monotonic()
+
+    def __enter__(self):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every):
+            self.say(f"[bench] {self.what}: still running, {time.monotonic() - self.started:.0f} s")
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class Progress:
+    """One line per arm and round: what was timed, its tokens/s so far, and the time left, estimated
+    from each arm's last measured time (its warm-up before the first round)."""
+
+    def __init__(self, arms: list[Arm], rounds: int, clock: Callable[[], float], say: Callable[[str], None]):
+        self.arms, self.rounds, self.clock, self.say = arms, rounds, clock, say
+        self.cost = [0.0] * len(arms)  # seconds of each arm's last measurement (train + forward)
+
+    def warmed_up(self, arm: Arm, seconds: float) -> None:
+        i = self.arms.index(arm)
+        self.cost[i] = seconds
+        self.say(
+            f"[bench] warm-up {i + 1}/{len(self.arms)}: {arm.variant} seq_len {arm.seq_len}, {seconds:.1f} s"
+        )
+
+    def timed(self, arm: Arm, round_index: int, seconds: float, peak_s: float) -> None:
+
+        i = self.arms.index(arm)
+        self.cost[i] = seconds
+        later_rounds = self.rounds - 1 - round_index
+        left = sum(self.cost[i + 1 :]) + later_rounds * (sum(self.cost) + peak_s) + sum(self.cost) / 2
+        train = arm.n_tokens / statistics.median(arm.train_s)
+        fwd = arm.n_tokens / statistics.median(arm.fwd_s)
+        self.say(
+            f"[bench] {arm.variant} seq_len {arm.seq_len} round {round_index + 1}/{self.rounds}: "
+            f"train {train:,.0f} tok/s, fwd {fwd:,.0f} tok/s (medians so far); about {format_seconds(left)} left"
+        )
+
+
+# --- measurements ------------------------------------------------------------------------------------
+
+
+def train_step(arm: Arm) -> tuple[float, float]:
+    """One training step; returns (seconds of the whole step, seconds of its optimizer step)."""
+    start = arm.ops.now()
+    with autocast(arm.ops.device, arm.precision):
+        logits = arm.model(arm.tokens[:, :-1])
+    loss = F.cross_entropy(logits.float().flatten(0, 1), arm.tokens[:, 1:].flatten())
+    loss.backward()
+    middle = arm.ops.now()
+    arm.optimizer.step()
+    arm.optimizer.zero_grad(set_to_none=True)
+    end = arm.ops.now()
+    return end - start, end - middle
+
+
+def forward_step(arm: Arm) -> None:
+    with torch.no_grad(), autocast(arm.ops.device, arm.precision):
+        arm.model(arm.tokens[:, :-1])
+
+
+def undisturbed(measure, retries: int):
+    """`measure()`, repeated (up to `retries` times) while other processes took more than `DISTURBED` of
+    the CPU during it: with two cores, one busy neighbour stalls every OpenMP barrier. Returns the last
+    result and how many times it was repeated."""
+    repeats = -1
+    while True:
+        foreign = ForeignCpu()
+        result = measure()
+        repeats += 1
+        if foreign.fraction() <= DISTURBED or repeats >= retries:
+            return result, repeats
+
+
+def timed(step, arm: Arm) -> float:
+    start = arm.ops.now()
+    step(arm)
+    return arm.ops.now() - start
+
+
+def matmul_peak(
+    dtype: torch.dtype,
+    ops: DeviceOps | None = None,
+    *,
+    budget_s: float = PEAK_BUDGET_S,
+    max_size: int = PEAK_MAX_SIZE,
+    start_size: int = 128,
+    longest_product_s: float = 0.2,
+) -> float:
+    """Best FLOP/s of square `dtype` GEMMs on `ops.device`, bounded in time on any device: sizes double
+    from `start_size` while the next size's product (8x the FLOPs) is predicted to take under
+    `longest_product_s`, up to `max_size`, and no new size or repetition starts after `budget_s`. Each
+    size is timed over repeated products for about a tenth of the budget (at least one)."""
+    ops = ops or CpuOps()
+    deadline = ops.now() + budget_s
+    best, size = 0.0, min(start_size, max_size)
+    while True:
+        a = torch.randn(size, size, device=ops.device).to(dtype)
+        b = torch.randn(size, size, device=ops.device).to(dtype)
+        torch.mm(a, b)  # warm-up
+        reps, began = 0, ops.now()
+        while True:
+            torch.mm(a, b)
+            reps += 1
+            now = ops.now()
+            if now - began >= budget_s / 10 or now >= deadline:
+                break
+        per_product = max(now - began, 1e-9) / reps
+        best = max(best, 2 * size**3 / per_product)
+        if 2 * size > max_size or 8 * per_product > longest_product_s or now >= deadline:
+            return best
+        size *= 2
+
+
+# --- FLOP ceilings -------------------------------------------------------------------------------------
+
+
+def flop_ceilings(
+    reference: ModelConfig | Mapping[str, Any], variant: ModelConfig | Mapping[str, Any], seq_len: int
+) -> dict[str, tuple[float, float]]:
+    """{kernel form: (dense, causal)} expected throughput ratio variant / reference if time were
+    proportional to the FLOPs executed (whole model, forward; training is 3x both, the ratio is the same)."""
+    ref_total, ref_core = _flops_and_core(reference, seq_len)
+    total, core = _flops_and_core(variant, seq_len)
+    forms = _kernel_forms(variant)
+    result = {}
+    for form, multiplier in forms.items():
+        dense = total + (multiplier - 1) * core
+        causal = dense - multiplier * core / 2
+        result[form] = (ref_total / dense, (ref_total - ref_core / 2) / causal)
+    return result
+
+
+def _flops_and_core(config: ModelConfig | Mapping[str, Any], n: int) -> tuple[float, float]:
+    """Forward FLOPs of one sequence and the part of them in attention maps (the n^2 terms)."""
+    model = build_model(config, device="meta")
+    core = 0.0
+    for block in model.blocks:
+        attn = block.attention
+        core += (attn.flops(2 * n) - 2 * attn.flops(n)) / 2  # flops(n) = a n + c n^2 -> c n^2
+    return float(model.flops(n)), core
+
+
+def _kernel_forms(config: ModelConfig | Mapping[str, Any]) -> dict[str, float]:
+    model = build_model(config, device="meta")
+    return dict(getattr(model.blocks[0].attention, "kernel_forms", {"as counted": 1.0}))
+
+
+def _backends(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> str:
+    attn = model.blocks[0].attention
+    resolve = getattr(attn, "resolved_backend", None)
+    return resolve(device, dtype) if resolve else str(getattr(attn, "backend", "?"))
+
+
+# --- output --------------------------------------------------------------------------------------------
+
+
+def model_flop_utilization(achieved: float, peak: float) -> float:
+    """achieved / peak FLOP/s; NaN where the measured peak is below what the model itself achieved: such
+    a peak is not the device's (a disturbed or too short measurement), and an MFU over 100% would
+    mislead."""
+    return achieved / peak if peak >= achieved else float("nan")
+
+
+def _rows(arms: list[Arm], peak: float) -> list[dict[str, Any]]:
+    rows = []
+    for arm in arms:
+        train = arm.n_tokens / statistics.median(arm.train_s)
+        fwd = arm.n_tokens / statistics.median(arm.fwd_s)
+        rows.append(
+            {
+                "variant": arm.variant,
+                "seq_len": arm.seq_len,
+                "batch": arm.tokens.shape[0],
+                "train_tok_s": train,
+                "fwd_tok_s": fwd,
+                "peak_mem_mb": arm.peak_bytes / 2**20,
+                "mfu": model_flop_utilization(3 * arm.flops_per_token * train, peak),
+                "train_range": (arm.n_tokens / max(arm.train_s), arm.n_tokens / min(arm.train_s)),
+                "opt_share": statistics.median(arm.opt_s) / statistics.median(arm.train_s),
+            }
+        )
+    return rows
+
+
+def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    lines = [",".join(COLUMNS)]
+    for r in rows:
+        lines.append(
+            f"{r['variant']},{r['seq_len']},{r['train_tok_s']:.2f},{r['fwd_tok_s']:.2f},"
+            f"{r['peak_mem_mb']:.1f},{r['mfu']:.4f}"
+        )
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _markdown(
+    recipe, scale, batch, rows, chosen, peaks, ceilings, backends_used, run, loads, malloc, foreign
+) -> str:
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    seq_lens = list(dict.fromkeys(r["seq_len"] for r in rows))
+    by = {(r["variant"], r["seq_len"]): r for r in rows}
+    (precision, why, ran), (where, rounds, compiled) = chosen, run
+    lines = [
+        f"# ablate bench: {recipe}, scale {scale}",
+        "",
+        f"{where}, torch {torch.__version__}; {batch}; precision {precision} ({why}); "
+        f"median of {rounds} interleaved rounds{'; torch.compile' if compiled else ''}; {malloc}. "
+        f"Load average before {loads[0][0]:.2f}, after {loads[1][0]:.2f} (1 min, this run included); "
+        f"other processes used {foreign[0]:.1%} of the machine's CPU during the run; {foreign[1]} "
+        f"timings taken again because others used more than {DISTURBED:.0%} of it meanwhile.",
+        "",
+        "Matmul peak (square GEMMs, best of the run): "
+        + ", ".join(f"{_dtype_name(d)} {p / 1e12:.3f} TFLOP/s" for d, p in peaks.items())
+        + f"; MFU is against the {_dtype_name(ran)} peak.",
+        "Attention kernel per variant: " + ", ".join(f"{v} `{b}`" for v, b in backends_used.items()) + ".",
+        "",
+        markdown_table(
+            [
+                "variant",
+                "seq_len",
+                "batch",
+                "train tok/s",
+                "(min-max)",
+                "of which AdamW",
+                "fwd tok/s",
+                "peak MB",
+                "MFU",
+            ],
+            [
+                [
+                    r["variant"],
+                    r["seq_len"],
+                    r["batch"],
+                    f"{r['train_tok_s']:.0f}",
+                    "{:.0f}-{:.0f}".format(*r["train_range"]),
+                    f"{r['opt_share']:.1%}",
+                    f"{r['fwd_tok_s']:.0f}",
+                    f"{r['peak_mem_mb']:.0f}",
+                    PEAK_SUSPECT if math.isnan(r["mfu"]) else f"{r['mfu']:.1%}",
+                ]
+                for r in rows
+            ],
+            align="llrrrrrrr",
+        ),
+    ]
+    reference = variants[0]
+    for variant in variants[1:]:
+        forms = list(ceilings[variant][seq_lens[0]])
+        headers = ["seq_len", "train", "fwd", "peak mem"] + [f"ceiling: {f}" for f in forms]
+        table = []
+        for n in seq_lens:
+            a, b = by[(variant, n)], by[(reference, n)]
+            table.append(
+                [
+                    n,
+                    f"{a['train_tok_s'] / b['train_tok_s']:.3f}",
+                    f"{a['fwd_tok_s'] / b['fwd_tok_s']:.3f}",
+                    f"{a['peak_mem_mb'] / b['peak_mem_mb']:.3f}",
+                ]
+                + [f"{d:.3f} ({c:.3f})" for d, c in (ceilings[variant][n][f] for f in forms)]
+            )
+        lines += [
+            "",
+            f"## {variant} / {reference}",
+            "",
+            markdown_table(headers, table, align="r" * len(headers)),
+            "",
+            "Ceilings: the throughput ratio if time were proportional to the FLOPs of the whole model under "
+            "each kernel form, maps counted dense (in brackets: causal, the masked half skipped).",
+        ]
+    lines += [
+        "",
+        "Columns: training = forward + backward + AdamW (fused) step, the AdamW share of its time given "
+        "(training proper amortises it over gradient accumulation); fwd = forward without grad; peak MB = "
+        "peak growth of PyTorch's allocator on the device during a training step (activations, gradients, "
+        "temporaries; parameters and optimizer state excluded); MFU = budget FLOPs x 3 x train tok/s / "
+        f"matmul peak of the dtype that ran, maps counted dense; {PEAK_SUSPECT}: the measured peak was "
+        "below the model's own FLOP rate, so it is not the device's peak.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "float32"}.get(dtype, str(dtype))
+
+
+def _plot(
+    rows: list[dict[str, Any]],
+    variants: list[str],
+    ceilings: dict[str, dict[int, dict[str, tuple[float, float]]]],
+    path: Path,
+) -> Path:
+    """Throughputs and memory per variant, and each variant's training ratio to the first beside its
+    FLOP ceilings (dense)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(16, 3.9), dpi=110)
+    FigureCanvasAgg(fig)
+    panels = [
+        ("train_tok_s", "training tokens/s"),
+        ("fwd_tok_s", "forward tokens/s"),
+        ("peak_mem_mb", "peak MB (growth in a training step)"),
+    ]
+    series = {v: sorted((r["seq_len"], r) for r in rows if r["variant"] == v) for v in variants}
+    for i, (key, label) in enumerate(panels):
+        ax = fig.add_subplot(1, 4, i + 1)
+        for variant in variants:
+            ax.plot(
+                [n for n, _ in series[variant]],
+                [r[key] for _, r in series[variant]],
+                marker="o",
+                label=variant,
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 1.1 * max(r[key] for r in rows))  # from zero: a 3% difference should look like one
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if i == 0:
+            ax.legend()
+    ax = fig.add_subplot(1, 4, 4)
+    reference = dict(series[variants[0]])
+    for variant in variants[1:]:
+        lens = [n for n, _ in series[variant]]
+        ratio = [r["train_tok_s"] / reference[n]["train_tok_s"] for n, r in series[variant]]
+        ax.plot(lens, ratio, marker="o", label=f"{variant} / {variants[0]} (training)")
+        for form in ceilings[variant][lens[0]]:
+            ax.plot(
+                lens, [ceilings[variant][n][form][0] for n in lens], linestyle="--", label=f"ceiling: {form}"
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel("throughput ratio")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
