@@ -312,7 +312,8 @@ class Recipe:
 
     def eval(self, scale: str | None = None) -> EvalConfig:
         """The eval section at `scale` (the scale's `eval:` overlay on the recipe's)."""
-        overlay = self.scale_overlay(scale or self.default_scale).eval
+        # From the mappings, typed here: the section is its scale's overlay merged onto the recipe's.
+        overlay = ((self.raw.get("scales") or {}).get(scale or self.default_scale) or {}).get("eval") or {}
         return load_section(EvalConfig, deep_merge(self.raw.get("eval") or {}, overlay), "eval")
 
     def sizes(self, scale: str) -> dict[str, dict[str, Any]] | None:

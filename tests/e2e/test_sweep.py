@@ -19,6 +19,7 @@ from mini_project import run_cli, write_recipe
 from optuna.trial import TrialState
 
 from ablate.cli import main
+from ablate.recipe.resolve import Variant
 from ablate.report.table import RunRecord, table_rows
 from ablate.store import tracking
 
@@ -171,7 +172,9 @@ def _record(variant: str, seed: int, valid: float, state: str = "finished") -> R
 
 
 def test_report_statistics_on_known_numbers():
-    recipe = SimpleNamespace(variants={"a": {"label": "A"}, "b": {"label": "B"}, "c": {"label": "C"}})
+    recipe = SimpleNamespace(
+        variants={"a": Variant(label="A"), "b": Variant(label="B"), "c": Variant(label="C")}
+    )
     ctx = SimpleNamespace(recipe=recipe, scale="tiny")
     # b - a per seed: -0.10, -0.12, -0.11 -> mean -0.110, sd 0.010, t(0.975, 2) = 4.3027 -> half 0.0248
     # c - a per seed: +0.05, -0.05, 0.00 -> mean 0, not significant
@@ -191,7 +194,7 @@ def test_report_statistics_on_known_numbers():
 
 
 def test_report_columns_follow_what_the_runs_measured():
-    with_paper = {"a": {"label": "A", "paper": {"valid": 3.087}}, "b": {"label": "B"}}
+    with_paper = {"a": Variant(label="A", paper={"valid": 3.087}), "b": Variant(label="B")}
     records = [_record("a", 0, 3.0), _record("b", 0, 3.1)]
     headers, rows, _ = table_rows(
         SimpleNamespace(recipe=SimpleNamespace(variants=with_paper), scale="paper"), records
@@ -206,7 +209,7 @@ def test_report_columns_follow_what_the_runs_measured():
         RunRecord(variant=v, seed=0, size="", state="finished", run_id=None, values={"valid": 3.0})
         for v in "ab"
     ]
-    plain = {"a": {"label": "A"}, "b": {"label": "B"}}
+    plain = {"a": Variant(label="A"), "b": Variant(label="B")}
     headers, rows, _ = table_rows(
         SimpleNamespace(recipe=SimpleNamespace(variants=plain), scale="paper"), no_slices
     )
@@ -285,9 +288,10 @@ def test_a_tiny_table6_sweep_resolves_its_recipe_once(tmp_path, monkeypatch):
     monkeypatch.setattr(Recipe, "resolve", counted)
     table6 = Path(__file__).resolve().parents[2] / "recipes" / "table6.yaml"
     short = {"steps": 2, "warmup_steps": 1, "val_every": 2, "val_batches": 1, "log_every": 1}
+    short |= {"micro_batch_size": 4, "batch_tokens": 1024}
     argv = _sweep_args(table6, tmp_path, "--scale", "tiny")
     argv += [f"--base.train.{key}={value}" for key, value in short.items()]
-    argv += [f"--base.data.source={write_corpus(tmp_path / 'corpus')}"]
+    argv += [f"--base.data.source={write_corpus(tmp_path / 'corpus')}", "--base.data.val_fraction=0.5"]
     assert main(argv) == 0
     study = _study(tmp_path / "ws", "table6-tiny")
     assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE] * 7
