@@ -354,7 +354,7 @@ class TrainConfig:
         if self.strategy in SPAWNING_STRATEGIES:
             raise UserError(
                 f"train.strategy: {self.strategy!r} is not supported; use ddp (ablate starts one "
-                "process per device itself, see ablate/launch.py)"
+                "process per device itself, see ablate/train/launch.py)"
             )
         world = self.devices * self.num_nodes
         if world > 1 and self.val_batches < world:
