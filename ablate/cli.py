@@ -395,18 +395,29 @@ BENCH_INTERNAL = ("overrides", "tune_malloc", "retries", "echo", "ops")
 
 
 @shared("scale", "workspace")
-def prepare(recipe: str, out: str, *, overrides: list | None = None, **options: Any) -> int:
-    """Tokenize a recipe's corpus into shards.
+def prepare(
+    recipe: str,
+    out: str,
+    workers: int | None = None,
+    shard_tokens: int | None = None,
+    *,
+    overrides: list | None = None,
+    **options: Any,
+) -> int:
+    """Tokenize a recipe's corpus into shards with every core (run again to resume an interrupted one).
 
     Args:
         recipe: recipe YAML file
-        out: folder for the shards
+        out: folder for the shards (and manifest.json)
+        workers: tokenizing processes (default: one per core)
+        shard_tokens: tokens per shard, closed at the next document end (default 64M)
     """
     from ablate.data import prepare as prepare_shards
 
     opts = Shared(**options)
     loaded = _load(recipe, overrides, opts.scale)
-    for path in prepare_shards(loaded.runs[0].data, Path(out), opts.workspace_path):
+    paths = prepare_shards(loaded.runs[0].data, Path(out), opts.workspace_path, shard_tokens, workers=workers)
+    for path in paths:
         print(path)
     return 0
 

@@ -1,11 +1,12 @@
 """The recipe's `data:` section: a `DataConfig` whose types jsonargparse checks (`ablate.core.config.load_section`).
 
 data:
-  source: stdlib        # 'stdlib' | a text file | a .jsonl file | a folder of them | a shard folder
+  source: stdlib        # 'stdlib' | .txt | .jsonl(.gz/.zst) | .json.gz | .parquet | a folder of them
+                        #   | a datasets save_to_disk folder | a hub id (online) | a shard folder
   tokenizer: byte       # byte | bpe | tiktoken | {name: bpe, vocab_size: 4096}
-                        #   | {name: tiktoken, encoding: cl100k_base}; for a shard folder: null
+                        #   | {name: tiktoken, encoding: cl100k_base} | {name: hf, path: tokenizer.json}; for a shard folder: null
                         #   (the default there) takes the shards' tokenizer
-  text_key: text        # .jsonl: the field that holds a document's text
+  text_key: text        # .jsonl / parquet / datasets: the field or column that holds a document
   separator: null       # text files: split each file into documents on this string (null: one
                         #   document per file)
   val_fraction: 0.05    # share of documents held out for validation (by document, by hash)
@@ -30,9 +31,9 @@ class DataConfig:
     """The recipe's `data:` section.
 
     Attributes:
-        source: 'stdlib' (the running Python's standard library), a text or .jsonl file, a folder of them, or a shard folder
-        tokenizer: byte, bpe or tiktoken, or {name: ..., <options>}; null: the shards' tokenizer (byte for text)
-        text_key: .jsonl files: the field that holds a document's text
+        source: 'stdlib' (the running Python's standard library), a .txt, .jsonl(.gz/.zst), .json.gz or .parquet file, a folder of them, a datasets save_to_disk folder, a hub id (online only), or a shard folder
+        tokenizer: byte, bpe, tiktoken or hf ({name: hf, path: tokenizer.json}), or {name: ..., <options>}; null: the shards' tokenizer (byte for text)
+        text_key: the JSON field, parquet or datasets column that holds a document's text
         separator: text files: split each file into documents on this string (null: one document per file)
         val_fraction: share of documents held out for validation, in (0, 0.5]
         task: a task instead of a corpus (kind task): a name, {name: ..., <options>} or class_path/init_args

@@ -6,44 +6,58 @@ Sources (`data.source`):
   site-packages and the test suites and IDLE (test/, tests/, idlelib/: ~20 MB of repetitive text that
   would dominate the corpus); about 11 MB in 674 files on CPython 3.11. Needs no download.
 - a text file: one document, or several when `data.separator` splits it.
-- a .jsonl file: one document per non-empty line, the string under `data.text_key`.
-- a folder: every .txt and .jsonl file below it, hidden entries skipped.
+- a JSON-lines file (.jsonl, .jsonl.gz, .jsonl.zst, .json.gz, .json.zst): one document per non-empty
+  line, the string under `data.text_key`; a parquet file: one document per row of column `data.text_key`
+  (the readers, streaming, are `ablate.data.readers`).
+- a folder: every file of those formats below it, hidden entries skipped; a Hugging Face `save_to_disk`
+  folder, or a hub id when online (`ablate.data.hf_datasets`).
 
 Files are read in sorted order of their relative paths. Documents are UTF-8; empty ones are skipped.
 
 The validation split is held out by document, never by cutting a document: a document is in `val` when
-a hash of its key (relative path, plus `:line` for .jsonl and `#n` for separated pieces) falls below
+a hash of its key (relative path, plus `#n` for separated pieces; for records the path without its
+format suffixes plus `:n`, see `ablate.data.readers`) falls below
 `data.val_fraction`, so adding a file moves no other document between the splits. When no key falls
 below, the document with the smallest hash is `val`, so a small corpus still gets a validation split.
 
 The fingerprint (recorded with every run, and the key of every cache built from the corpus) holds the
-source, the counts, the split settings and a SHA-256 over the relative paths and raw bytes of the files.
+source, the counts, the split settings and a SHA-256 over the relative paths and raw bytes of the files
+(read in blocks). It is the same for the same files however they are listed; adding a file changes it
+(it keys the caches) but moves no other document between the splits.
 (A folder holding train/*.bin shards is a pre-tokenised source: see `ablate.data.shards`.)
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import platform
 import sysconfig
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from ablate.core.errors import UserError
 from ablate.data.config import DataConfig
+from ablate.data.hf_datasets import is_saved_dataset, looks_like_hub_id, open_hub, open_saved
+from ablate.data.readers import Progress, SourceFile, classify
 
 STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "test", "tests", "idlelib", "idle_test", "__pycache__"})
-FOLDER_SUFFIXES = (".txt", ".jsonl")
 _SPLIT_SALT = b"ablate-val-split\0"
 
 
-@dataclass(frozen=True)
-class _File:
-    path: Path
-    rel: str  # posix path relative to the source root: the document keys and the hash use it
-    jsonl: bool
+class Part(Protocol):
+    """A file (`readers.SourceFile`) or a dataset split (`hf_datasets.DatasetSplit`) of a corpus."""
+
+    rel: str
+
+    @property
+    def size(self) -> int: ...
+
+    def update_hash(self, sha: Any) -> None: ...
+
+    def documents(
+        self, *, text_key: str, separator: str | None, progress: Progress | None = None
+    ) -> Iterator[tuple[str, str]]: ...
 
 
 def _unit_hash(key: str) -> float:
@@ -56,7 +70,7 @@ class TextCorpus:
 
     def __init__(
         self,
-        files: list[_File],
+        files: list[Part],
         fingerprint: dict,
         *,
         description: str,
@@ -77,10 +91,8 @@ class TextCorpus:
         n_docs = n_val = 0
         min_key, min_hash = None, 2.0
         for f in self._files:
-            data = self._read(f)
-            sha.update(f"{f.rel}\0{len(data)}\0".encode())
-            sha.update(data)
-            for key, _ in self._documents_of(f, data):
+            f.update_hash(sha)
+            for key, _ in self._documents_of(f):
                 n_docs += 1
                 h = _unit_hash(key)
                 n_val += h < self._val_fraction
@@ -116,15 +128,25 @@ class TextCorpus:
     def is_val(self, key: str) -> bool:
         return key == self._fallback_val_key or _unit_hash(key) < self._val_fraction
 
+    @property
+    def size(self) -> int:
+        """Bytes of the source (compressed files as stored): what a progress line counts against."""
+        return sum(f.size for f in self._files)
+
     def documents(self, split: str) -> Iterator[str]:
         """The texts of the split ('train' or 'val'), in corpus order."""
         if split not in ("train", "val"):
             raise ValueError(f"split must be 'train' or 'val', not {split!r}")
         want_val = split == "val"
+        for is_val, text in self.records():
+            if is_val == want_val:
+                yield text
+
+    def records(self, progress: Progress | None = None) -> Iterator[tuple[bool, str]]:
+        """(is it val, text) of every document, in corpus order: both splits in one pass over the source."""
         for f in self._files:
-            for key, text in self._documents_of(f, self._read(f)):
-                if self.is_val(key) == want_val:
-                    yield text
+            for key, text in self._documents_of(f, progress):
+                yield self.is_val(key), text
 
     def n_documents(self, split: str) -> int:
         val = self.fingerprint["val_documents"]
@@ -133,86 +155,34 @@ class TextCorpus:
     def document_keys(self, split: str) -> list[str]:
         """The keys of the split's documents (relative path, `:line` for .jsonl, `#n` for pieces)."""
         want_val = split == "val"
-        return [
-            key
-            for f in self._files
-            for key, _ in self._documents_of(f, self._read(f))
-            if self.is_val(key) == want_val
-        ]
+        return [key for f in self._files for key, _ in self._documents_of(f) if self.is_val(key) == want_val]
 
-    @staticmethod
-    def _read(f: _File) -> bytes:
-        try:
-            return f.path.read_bytes()
-        except OSError as e:
-            raise UserError(f"data.source: cannot read {f.path} ({e.strerror})") from None
-
-    def _documents_of(self, f: _File, data: bytes) -> Iterator[tuple[str, str]]:
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise UserError(
-                f"data.source: {f.path} is not UTF-8 text (byte {e.start}); convert it to UTF-8"
-            ) from None
-        if f.jsonl:
-            yield from self._jsonl_documents(f, text)
-        elif self._separator is None:
-            if text:
-                yield f.rel, text
-        else:
-            for i, piece in enumerate(text.split(self._separator)):
-                if piece:
-                    yield f"{f.rel}#{i}", piece
-
-    def _jsonl_documents(self, f: _File, text: str) -> Iterator[tuple[str, str]]:
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(
-                    f"data.source: {f.path} line {lineno} is not valid JSON ({e.msg}); "
-                    "give one JSON object per line"
-                ) from None
-            if not isinstance(record, dict) or self._text_key not in record:
-                keys = ", ".join(map(str, record)) if isinstance(record, dict) else type(record).__name__
-                raise UserError(
-                    f"data.text_key: {f.path} line {lineno} has no field "
-                    f"'{self._text_key}' (it has: {keys}); set data.text_key to the text field"
-                )
-            value = record[self._text_key]
-            if not isinstance(value, str):
-                raise UserError(
-                    f"data.text_key: {f.path} line {lineno}: field '{self._text_key}' is "
-                    f"a {type(value).__name__}, not a string"
-                )
-            if value:
-                yield f"{f.rel}:{lineno}", value
+    def _documents_of(self, f: Part, progress: Progress | None = None) -> Iterator[tuple[str, str]]:
+        return f.documents(text_key=self._text_key, separator=self._separator, progress=progress)
 
 
 def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def stdlib_files(root: Path | None = None) -> list[_File]:
+def stdlib_files(root: Path | None = None) -> list[SourceFile]:
     root = root or stdlib_root()
     files = []
     for p in root.rglob("*.py"):
         rel = p.relative_to(root)
         if STDLIB_EXCLUDED_DIRS.isdisjoint(rel.parts[:-1]) and p.is_file():
-            files.append(_File(p, rel.as_posix(), jsonl=False))
+            files.append(SourceFile(p, rel.as_posix(), "text"))
     return sorted(files, key=lambda f: f.rel)
 
 
-def _folder_files(root: Path) -> list[_File]:
+def _folder_files(root: Path) -> list[SourceFile]:
     files = []
     for p in root.rglob("*"):
         rel = p.relative_to(root)
         if any(part.startswith(".") for part in rel.parts) or not p.is_file():
             continue
-        if p.suffix.lower() in FOLDER_SUFFIXES:
-            files.append(_File(p, rel.as_posix(), jsonl=p.suffix.lower() == ".jsonl"))
+        if classify(p.name) is not None:
+            files.append(SourceFile.of(p, rel.as_posix()))
     return sorted(files, key=lambda f: f.rel)
 
 
@@ -227,25 +197,31 @@ def open_text_corpus(cfg: DataConfig) -> TextCorpus:
             fingerprint["separator"] = cfg.separator
         return TextCorpus(files, fingerprint, description=f"the standard library at {root}", **options)
     path = Path(cfg.source).expanduser()
-    if not path.exists():
+    parts: list[Part]
+    if not path.exists() and looks_like_hub_id(cfg.source):
+        parts = list(open_hub(cfg.source))
+    elif not path.exists():
         raise UserError(
-            f"data.source: {cfg.source} does not exist; give a text/.jsonl file, a folder, "
-            "a shard folder or 'stdlib'"
+            f"data.source: {cfg.source} does not exist; give a text, .jsonl(.gz/.zst), .json.gz or parquet "
+            "file, a folder of them, a saved dataset, a shard folder or 'stdlib'"
         )
-    if path.is_dir():
-        files = _folder_files(path)
-        if not files:
+    elif is_saved_dataset(path):
+        parts = list(open_saved(path))
+    elif path.is_dir():
+        parts = list(_folder_files(path))
+        if not parts:
             raise UserError(
-                f"data.source: folder {cfg.source} has no .txt or .jsonl files (and no "
-                "train/ shards); give a text/.jsonl file, a folder of them, a shard folder "
-                "or 'stdlib'"
+                f"data.source: folder {cfg.source} has no .txt, .jsonl(.gz/.zst), .json.gz or .parquet "
+                "files (and no train/ shards); give a file, a folder of them, a saved dataset, a shard "
+                "folder or 'stdlib'"
             )
     else:
-        jsonl = path.suffix.lower() == ".jsonl"
-        files = [_File(path, path.name, jsonl=jsonl)]
+        parts = [SourceFile.of(path, path.name)]
     fingerprint: dict = {"source": cfg.source}
-    if any(f.jsonl for f in files):
-        fingerprint["text_key"] = cfg.text_key
+    if any(getattr(f, "format", "records") != "text" for f in parts):
+        # records are keyed by file stem and number since 2026-11 (a .jsonl's split moved then): the
+        # marker keeps caches built under the old keys from being reused
+        fingerprint.update({"text_key": cfg.text_key, "record_keys": "stem:n"})
     if cfg.separator is not None:
         fingerprint["separator"] = cfg.separator
-    return TextCorpus(files, fingerprint, description=cfg.source, **options)
+    return TextCorpus(parts, fingerprint, description=cfg.source, **options)

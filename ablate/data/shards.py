@@ -1,12 +1,13 @@
 """Token shards on disk: what `ablate prepare` writes, what a shard-folder `data.source` reads, and the
 format of the workspace token cache.
 
-A shard folder:
+A shard folder (written by `ablate.data.prepare`):
 
     <folder>/
       train/000000.bin  train/000000.json    (a long split may have 000001.bin, ...: read in name order)
       val/000000.bin    val/000000.json
-      tokenizer.json                         (bpe only: the trained tokenizer, to decode samples)
+      tokenizer.json                         (bpe and hf: the tokenizer, to decode samples)
+      manifest.json                          (`ablate prepare`: source fingerprint, tokenizer, counts)
 
 Each `.bin` is a raw little-endian array of token ids and nothing else: uint16 when the vocabulary has at
 most 65536 ids, else uint32. Every document is followed by the end-of-document id. Its sidecar `.json`:
@@ -14,7 +15,8 @@ most 65536 ids, else uint32. Every document is followed by the end-of-document i
     {"tokenizer": {"name": "bpe", "vocab_size": 4096}, "vocab_size": 4096, "eos_id": 0,
      "count": 1234567, "dtype": "uint16", "corpus": {<fingerprint of the text it was made from>}}
 
-`count` is the number of tokens: the `.bin` holds exactly `count * itemsize` bytes, or it is corrupt.
+`count` is the number of tokens: the `.bin` holds exactly `count * itemsize` bytes, or it is corrupt;
+`documents` (shards written since prepare resumes) the documents it holds: shards end between documents.
 All shards of a folder agree on tokenizer, vocab_size, eos_id and dtype. A split with one shard is
 memory-mapped; several are concatenated in memory.
 """
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,51 +54,6 @@ def dtype_name(dtype: np.dtype) -> str:
 def is_shard_folder(path: Path) -> bool:
     train = Path(path) / "train"
     return train.is_dir() and any(train.glob("*.bin"))
-
-
-def write_split(
-    folder: Path,
-    split: str,
-    documents: Iterable[np.ndarray],
-    header: dict[str, Any],
-    shard_tokens: int | None = None,
-) -> list[Path]:
-    """Write token arrays (one per document, eos appended here) as `folder/split/NNNNNN.bin` shards of at
-    most `shard_tokens` tokens (None: one shard); `header` gives the shared sidecar fields."""
-    dtype = _DTYPES[header["dtype"]]
-    eos = np.asarray([header["eos_id"]], dtype=dtype)
-    out = Path(folder) / split
-    out.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
-    f, count = None, 0
-
-    def finish() -> None:
-        f.close()
-        sidecar = {**header, "count": count}
-        paths[-1].with_suffix(".json").write_text(json.dumps(sidecar, indent=1, sort_keys=True) + "\n")
-
-    try:
-        for ids in documents:
-            pieces = [np.asarray(ids).astype(dtype, copy=False), eos]
-            for piece in pieces:
-                while len(piece):
-                    if f is None or (shard_tokens is not None and count >= shard_tokens):
-                        if f is not None:
-                            finish()
-                        paths.append(out / f"{len(paths):06d}.bin")
-                        f, count = open(paths[-1], "wb"), 0
-                    room = len(piece) if shard_tokens is None else shard_tokens - count
-                    piece[:room].tofile(f)
-                    count += min(room, len(piece))
-                    piece = piece[room:]
-        if f is None:  # nothing at all: an empty shard, which readers refuse with a clear message
-            paths.append(out / "000000.bin")
-            f, count = open(paths[-1], "wb"), 0
-        finish()
-    finally:
-        if f is not None and not f.closed:
-            f.close()
-    return paths
 
 
 def _read_header(sidecar: Path, key: str) -> dict[str, Any]:

@@ -7,6 +7,9 @@
   run out of merges before `vocab_size`: ids then stay below it, and the model keeps `vocab_size` rows.
 - `tiktoken` {encoding: cl100k_base}: only when the encoding is already in tiktoken's cache (this code
   never downloads); its end-of-text token ends documents.
+- `hf` {path: .../tokenizer.json, eos: null}: any Hugging Face `tokenizers` file (LLaMA, Mistral,
+  GPT-NeoX, OLMo ship one), local only: a hub name is refused in one line. Documents end with `eos`, or
+  with the first of the usual end tokens the file has (`EOS_CANDIDATES`). Special tokens are not added.
 
 Text that happens to contain a special token's spelling is encoded as ordinary text.
 """
@@ -32,7 +35,9 @@ TOKENIZERS: dict[str, dict[str, Any]] = {  # name -> its options and their defau
     "byte": {},
     "bpe": {"vocab_size": 4096},
     "tiktoken": {"encoding": "cl100k_base"},
+    "hf": {"path": None, "eos": None},
 }
+EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "<|im_end|>")
 _BPE_MIN_VOCAB = 257  # 256 byte symbols + end-of-document
 _BPE_FORMAT = 1  # bump when training settings change, so old cached tokenizers are not reused
 
@@ -68,7 +73,36 @@ def parse_tokenizer_spec(spec: str | Mapping[str, Any]) -> dict[str, Any]:
             )
     if name == "tiktoken" and not isinstance(spec["encoding"], str):
         raise UserError(f"data.tokenizer.encoding: {spec['encoding']!r} is not an encoding name")
+    if name == "hf":
+        if not isinstance(spec["path"], str) or not spec["path"].strip():
+            raise UserError(
+                f"data.tokenizer.path: {spec['path']!r} is not a path; give a tokenizer.json file "
+                "(or the folder that holds one)"
+            )
+        spec["path"] = str(hf_tokenizer_file(spec["path"]))
+        if spec["eos"] is not None and not isinstance(spec["eos"], str):
+            raise UserError(f"data.tokenizer.eos: {spec['eos']!r} is not a token (a string such as '</s>')")
     return spec
+
+
+def hf_tokenizer_file(path: str) -> Path:
+    """The local tokenizer.json `path` names (a file or a folder holding one), absolute; a name that
+    exists nowhere here (a hub id such as meta-llama/Llama-2-7b-hf) is refused in one line."""
+    file = Path(path).expanduser()
+    if file.is_dir():
+        file = file / "tokenizer.json"
+    if not file.is_file():
+        hub = "/" in path and not Path(path).expanduser().parent.exists()
+        raise UserError(
+            f"data.tokenizer.path: {path!r} is not a local tokenizer.json"
+            + (
+                "; ablate never downloads a tokenizer from a hub (this machine may be offline): download "
+                "its tokenizer.json on a machine with network and give that file's path"
+                if hub
+                else "; give the tokenizer.json file or the folder that holds it"
+            )
+        )
+    return file.resolve()
 
 
 def tokenizer_label(spec: Mapping[str, Any]) -> str:
@@ -77,6 +111,9 @@ def tokenizer_label(spec: Mapping[str, Any]) -> str:
         return f"bpe-{spec['vocab_size']}"
     if spec["name"] == "tiktoken":
         return f"tiktoken-{spec['encoding']}"
+    if spec["name"] == "hf":
+        folder = Path(spec["path"]).parent.name or "tokenizer"
+        return "hf-" + "".join(c if c.isalnum() or c in "_.-" else "_" for c in folder)[:48]
     return spec["name"]
 
 
@@ -87,6 +124,8 @@ def vocab_size_of(spec: str | Mapping[str, Any]) -> int:
         return ByteTokenizer.vocab_size
     if spec["name"] == "bpe":
         return spec["vocab_size"]
+    if spec["name"] == "hf":
+        return HfTokenizer(spec).vocab_size
     return _tiktoken_encoding(spec["encoding"]).n_vocab
 
 
@@ -143,6 +182,44 @@ class BpeTokenizer:
         self._tok.save(str(path))
 
 
+class HfTokenizer:
+    """A local Hugging Face `tokenizer.json`; documents end with its end-of-document token."""
+
+    def __init__(self, spec: dict[str, Any]):
+        from tokenizers import Tokenizer
+
+        path = spec["path"]
+        try:
+            self._tok = Tokenizer.from_file(path)
+        except Exception as e:  # tokenizers raises a plain Exception for a file it cannot parse
+            raise UserError(
+                f"data.tokenizer.path: {path} is not a readable tokenizer.json ({str(e).splitlines()[0][:200]})"
+            ) from None
+        self._tok.encode_special_tokens = True  # a literal "</s>" in a text is just text
+        eos = spec["eos"] or next((c for c in EOS_CANDIDATES if self._tok.token_to_id(c) is not None), None)
+        if eos is None or self._tok.token_to_id(eos) is None:
+            raise UserError(
+                f"data.tokenizer.eos: {path} has no token {eos!r}"
+                if eos
+                else f"data.tokenizer.eos: {path} has none of {', '.join(EOS_CANDIDATES)}; set "
+                "data.tokenizer.eos to its end-of-document token"
+            )
+        self.spec = {**spec, "eos": eos}
+        self.label = tokenizer_label(spec)
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.eos_id = self._tok.token_to_id(eos)
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+        return [np.asarray(e.ids, dtype=np.uint32) for e in encode(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int) -> Any:
     """A byte-level BPE `tokenizers.Tokenizer` with `<|endoftext|>` as id 0."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -160,6 +237,14 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Any:
     return tok
 
 
+def tokenizer_from(spec: Mapping[str, Any], file: str | None = None) -> Any:
+    """A tokenizer rebuilt from its spec (and, for bpe, its saved file): what prepare's workers load."""
+    spec = dict(spec)
+    if spec["name"] == "bpe":
+        return BpeTokenizer.from_file(Path(file), spec)
+    return get_tokenizer(spec)
+
+
 def bpe_cache_path(workspace: Path, fingerprint: Mapping[str, Any], vocab_size: int) -> Path:
     key = json.dumps({"corpus": fingerprint, "vocab_size": vocab_size, "format": _BPE_FORMAT}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -172,7 +257,7 @@ def get_tokenizer(
     workspace: Path | None = None,
     fingerprint: Mapping[str, Any] | None = None,
     train_documents: Callable[[], Iterable[str]] | None = None,
-) -> ByteTokenizer | BpeTokenizer | TiktokenTokenizer:
+) -> ByteTokenizer | BpeTokenizer | TiktokenTokenizer | HfTokenizer:
     """The tokenizer `spec` names. `bpe` needs the workspace, the corpus fingerprint (the cache key)
     and `train_documents`, called only when no cached tokenizer exists."""
     spec = parse_tokenizer_spec(spec)
@@ -180,6 +265,8 @@ def get_tokenizer(
         return ByteTokenizer()
     if spec["name"] == "tiktoken":
         return TiktokenTokenizer(spec)
+    if spec["name"] == "hf":
+        return HfTokenizer(spec)
     if workspace is None or fingerprint is None or train_documents is None:
         raise ValueError("bpe needs workspace, fingerprint and train_documents")
     path = bpe_cache_path(workspace, fingerprint, spec["vocab_size"])

@@ -8,34 +8,35 @@ it on every later call. A shard-folder source is read in place. The cache folder
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from ablate.core.errors import UserError
 from ablate.data.config import parse_data_config
 from ablate.data.corpus import TextCorpus, open_text_corpus
-from ablate.data.shards import (
-    dtype_for,
-    dtype_name,
-    is_shard_folder,
-    read_shards,
-    shard_fingerprint,
-    write_split,
+from ablate.data.prepare import write_token_shards
+from ablate.data.shards import is_shard_folder, read_shards, shard_fingerprint
+from ablate.data.tokenizers import (
+    BpeTokenizer,
+    HfTokenizer,
+    bpe_cache_path,
+    get_tokenizer,
+    tokenizer_from,
+    tokenizer_label,
+    vocab_size_of,
 )
-from ablate.data.tokenizers import BpeTokenizer, get_tokenizer, tokenizer_label, vocab_size_of
 
 _CACHE_FORMAT = 1  # bump when the token layout changes, so old caches are not reused
-_ENCODE_CHUNK_CHARS = 1 << 22  # texts handed to encode_batch at once (it runs them in parallel)
 
 
 @dataclass(frozen=True)
@@ -120,35 +121,74 @@ def load_tokens(data_cfg: Mapping[str, Any] | None, workspace: Path) -> TokenDat
 
 
 def prepare(
-    data_cfg: Mapping[str, Any] | None, out_dir: Path, workspace: Path, shard_tokens: int | None = None
+    data_cfg: Mapping[str, Any] | None,
+    out_dir: Path,
+    workspace: Path,
+    shard_tokens: int | None = None,
+    *,
+    workers: int | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> list[Path]:
-    """Tokenise the corpus into a new shard folder `out_dir` (readable as `data.source`); returns the
-    .bin paths, train then val. `shard_tokens` caps the tokens per shard (None: one shard per split)."""
+    """Tokenise the corpus into a shard folder `out_dir` (readable as `data.source`), or finish one an
+    interrupted call left (`ablate.data.prepare`); returns the .bin paths, train then val.
+    `shard_tokens` caps a shard (it closes at the next document end; None: 64M tokens); `workers`
+    processes tokenize (None: one per core)."""
+    from ablate.data.prepare import DEFAULT_SHARD_TOKENS, prepare_folder
+
     cfg = parse_data_config(data_cfg)
     if _shard_source(cfg.source) is not None:
         raise UserError(f"data.source: {cfg.source} is already a shard folder; give a text source to prepare")
-    if shard_tokens is not None and (
-        isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1
-    ):
-        raise UserError(f"shard_tokens: {shard_tokens!r} is not a positive integer")
-    out_dir = Path(out_dir).expanduser()
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise UserError(f"out_dir: {out_dir} exists and is not an empty folder; give a new or empty folder")
+    for name, value in (("shard_tokens", shard_tokens), ("workers", workers)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UserError(f"--{name.replace('_', '-')}: {value!r} is not a positive integer")
     corpus = open_text_corpus(cfg)
     spec = cfg.tokenizer or {"name": "byte"}
-    if out_dir.exists():
-        out_dir.rmdir()  # empty: the atomic rename below needs the name free
-    paths: list[Path] = []
+    tok, make = _tokenizer_for(spec, corpus, Path(workspace))
+    kwargs = {"say": say} if say else {}
+    paths = prepare_folder(
+        Path(out_dir),
+        corpus,
+        tok,
+        source=cfg.source,
+        shard_tokens=shard_tokens or DEFAULT_SHARD_TOKENS,
+        workers=workers or os.cpu_count() or 1,
+        make=make,
+        **kwargs,
+    )
+    _save_tokenizer_file(tok, Path(out_dir).expanduser())
+    return paths
 
-    def write(tmp: Path) -> None:
-        paths.extend(_write_shard_folder(tmp, corpus, spec, Path(workspace), shard_tokens))
 
-    _build_atomically(out_dir, write)
-    return [out_dir / p.parent.name / p.name for p in paths]
+def _tokenizer_for(spec: dict, corpus: TextCorpus, workspace: Path) -> tuple[Any, Callable[[], Any]]:
+    """The tokenizer (bpe: trained on the train split once, cached) and a picklable way to build it again
+    in another process."""
+    tok = get_tokenizer(
+        spec,
+        workspace=workspace,
+        fingerprint=corpus.fingerprint,
+        train_documents=lambda: corpus.documents("train"),
+    )
+    file = (
+        str(bpe_cache_path(workspace, corpus.fingerprint, spec["vocab_size"]))
+        if spec["name"] == "bpe"
+        else None
+    )
+    return tok, functools.partial(tokenizer_from, tok.spec, file)
+
+
+def _save_tokenizer_file(tok: Any, folder: Path) -> None:
+    """bpe and hf shard folders keep their tokenizer.json beside the shards (to decode samples)."""
+    if isinstance(tok, BpeTokenizer):
+        tok.save(folder / "tokenizer.json")
+    elif isinstance(tok, HfTokenizer):
+        shutil.copyfile(tok.spec["path"], folder / "tokenizer.json")
 
 
 def _token_cache_dir(workspace: Path, fingerprint: dict, spec: dict) -> Path:
-    key = json.dumps({"corpus": fingerprint, "tokenizer": spec, "format": _CACHE_FORMAT}, sort_keys=True)
+    identity = dict(spec)
+    if spec["name"] == "hf":  # the file at that path may change: its bytes are part of the key
+        identity["sha256"] = hashlib.sha256(Path(spec["path"]).read_bytes()).hexdigest()
+    key = json.dumps({"corpus": fingerprint, "tokenizer": identity, "format": _CACHE_FORMAT}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return workspace / "cache" / "tokens" / f"{tokenizer_label(spec)}-{digest}"
 
@@ -173,49 +213,8 @@ def _build_atomically(folder: Path, build) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_shard_folder(
-    folder: Path, corpus: TextCorpus, spec: dict, workspace: Path, shard_tokens: int | None = None
-) -> list[Path]:
-    tok = get_tokenizer(
-        spec,
-        workspace=workspace,
-        fingerprint=corpus.fingerprint,
-        train_documents=lambda: corpus.documents("train"),
-    )
-    header = {
-        "tokenizer": tok.spec,
-        "vocab_size": tok.vocab_size,
-        "eos_id": tok.eos_id,
-        "dtype": dtype_name(dtype_for(tok.vocab_size)),
-        "corpus": corpus.fingerprint,
-    }
-    paths = []
-    for split in ("train", "val"):
-        paths += write_split(folder, split, _encoded(corpus, tok, split), header, shard_tokens)
-    if isinstance(tok, BpeTokenizer):
-        tok.save(folder / "tokenizer.json")
-    return paths
-
-
-def _encoded(corpus: TextCorpus, tok, split: str) -> Iterator[np.ndarray]:
-    """The split's documents as token arrays, encoded in chunks (encode_batch is parallel)."""
-    with tqdm(
-        total=corpus.n_documents(split),
-        unit="doc",
-        desc=f"tokenising {split} ({tok.label})",
-        delay=2.0,
-        leave=False,
-        disable=None,
-    ) as bar:
-        chunk: list[str] = []
-        size = 0
-        for text in corpus.documents(split):
-            chunk.append(text)
-            size += len(text)
-            if size >= _ENCODE_CHUNK_CHARS:
-                yield from tok.encode_batch(chunk)
-                bar.update(len(chunk))
-                chunk, size = [], 0
-        if chunk:
-            yield from tok.encode_batch(chunk)
-            bar.update(len(chunk))
+def _write_shard_folder(folder: Path, corpus: TextCorpus, spec: dict, workspace: Path) -> None:
+    """The workspace cache: the same tokens `ablate prepare` writes, one shard per split, in this process."""
+    tok, _ = _tokenizer_for(spec, corpus, workspace)
+    write_token_shards(folder, corpus, tok)
+    _save_tokenizer_file(tok, folder)

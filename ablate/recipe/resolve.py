@@ -57,6 +57,7 @@ from ablate.core.config import (
 from ablate.core.errors import UserError, closest
 from ablate.data.config import DataConfig, parse_data_config
 from ablate.data.task_batches import build_task, check_fits
+from ablate.data.tokenizers import vocab_size_of
 from ablate.model.decoder import ModelConfig
 from ablate.recipe.matching import solve_matches
 
@@ -399,6 +400,13 @@ def _complete(config: dict[str, Any], where: str) -> tuple[ModelConfig, TrainCon
         registry.check_spec(kind, getattr(model, kind), key=f"model.{kind}")
     train = load_section(TrainConfig, config["train"], "train")
     data = parse_data_config(config["data"])
+    if data.tokenizer and data.tokenizer["name"] == "hf":  # a local file: its vocabulary is known now
+        need = vocab_size_of(data.tokenizer)
+        if model.vocab_size < need:
+            raise UserError(
+                f"model.vocab_size: {model.vocab_size} is smaller than the vocabulary of "
+                f"{data.tokenizer['path']} ({need} tokens); set model.vocab_size >= {need}"
+            )
     if data.task is not None:  # built now (cheap): its own value checks and its fit run before any training
         registry.check_spec("task", data.task, key="data.task")
         check_fits(build_task(data), seq_len=train.seq_len, vocab_size=model.vocab_size)

@@ -89,7 +89,7 @@ def test_jsonl_and_separator_sources(tmp_path):
     corpus = corpus_of(jl, text_key="body", val_fraction=0.25)
     docs = list(corpus.documents("train")) + list(corpus.documents("val"))
     assert sorted(docs) == sorted(r["body"] for r in rows)
-    assert all(k.startswith("d.jsonl:") for k in corpus.document_keys("val"))
+    assert all(k.startswith("d:") for k in corpus.document_keys("val"))  # records: file stem, then line
     assert corpus.fingerprint["text_key"] == "body"
 
     with pytest.raises(UserError) as e:
@@ -118,7 +118,8 @@ def test_missing_and_empty_sources_are_user_errors(tmp_path):
     with pytest.raises(UserError) as e:
         load_tokens({"source": str(missing)}, tmp_path / "ws")
     assert one_line_error(e) == (
-        f"data.source: {missing} does not exist; give a text/.jsonl file, a folder, a shard folder or 'stdlib'"
+        f"data.source: {missing} does not exist; give a text, .jsonl(.gz/.zst), .json.gz or parquet file, "
+        "a folder of them, a saved dataset, a shard folder or 'stdlib'"
     )
     empty = tmp_path / "empty"
     empty.mkdir()
