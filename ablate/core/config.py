@@ -11,6 +11,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -30,8 +31,29 @@ COMPONENT_KEYS = ("attention", "norm", "ffn", "position")
 NAMED_SPEC_KEYS = (*COMPONENT_KEYS, "lambda_init", "tokenizer")
 
 
-class _Loader(yaml.SafeLoader):
-    """Safe loading, with floats as YAML 1.2 and every researcher reads them: 1e-3 is 0.001, not a string."""
+# Bounds on what a YAML text may expand to: a recipe is a few hundred values, so these refuse only hostile
+# or mistaken files (an alias bomb: nine levels of nine aliases is 9^9 values from a 1 KB file; a file
+# nested thousands deep). Both are checked on the composed node graph, before any Python object is built.
+MAX_VALUES = 100_000  # mappings, sequences and scalars, with every alias expanded
+MAX_DEPTH = 64  # nesting of mappings and sequences
+
+
+class YamlTooLarge(ValueError):
+    """A YAML text over `MAX_VALUES` or `MAX_DEPTH` (the message says which)."""
+
+
+_BaseLoader = getattr(
+    yaml, "CSafeLoader", yaml.SafeLoader
+)  # libyaml's parser when PyYAML has it: ~10x faster
+
+
+class _Loader(_BaseLoader):
+    """Safe loading, with floats as YAML 1.2 and every researcher reads them: 1e-3 is 0.001, not a string;
+    and with the size of the document bounded (aliases expanded) before it is constructed."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _check_bounds(node)
+        return super().construct_document(node)
 
 
 _Loader.add_implicit_resolver(
@@ -44,9 +66,77 @@ _Loader.add_implicit_resolver(
 )
 
 
+def _check_bounds(root: yaml.Node) -> None:
+    """Count the values `root` expands to (an alias counts as a whole copy of what it names, counted once
+    per node thanks to the memo, so an alias bomb costs microseconds) and its depth, iteratively."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    on_path: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if key in size:
+            continue
+        children = _children(node)
+        if not done:
+            if key in on_path:  # a recursive alias (&a [*a]): infinite once expanded
+                raise YamlTooLarge(
+                    f"an alias refers to itself (more than {MAX_VALUES:,} values once expanded)"
+                )
+            on_path.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in size)
+            continue
+        on_path.discard(key)
+        size[key] = 1 + sum(size[id(c)] for c in children)
+        depth[key] = 1 + max((depth[id(c)] for c in children), default=0)
+        if size[key] > MAX_VALUES:
+            raise YamlTooLarge(f"more than {MAX_VALUES:,} values once its aliases are expanded")
+        if depth[key] > MAX_DEPTH:
+            raise YamlTooLarge(f"nested more than {MAX_DEPTH} levels deep")
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
 def load_yaml(text: str) -> object:
-    """`yaml.safe_load`, reading 1e-3 as a float. Never constructs arbitrary objects."""
+    """`yaml.safe_load`, reading 1e-3 as a float. Never constructs arbitrary objects; a text over the
+    bounds above raises `YamlTooLarge` before anything is built."""
     return yaml.load(text, Loader=_Loader)  # noqa: S506 (_Loader is a SafeLoader)
+
+
+MAX_FILE_BYTES = 1 << 18  # 256 KiB: retrieval.yaml, the largest recipe here, is 8 KB; parsed in ~0.1 s
+
+
+def read_yaml_file(path: Path, key: str) -> object:
+    """A recipe or search-spec file, loaded within bounds: over MAX_FILE_BYTES, not UTF-8 (a binary file
+    named .yaml), invalid YAML, or expanding past MAX_VALUES / MAX_DEPTH is one `UserError` naming `key`
+    and the file, raised before the text is parsed (size) or before any object is built (the rest)."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise UserError(
+                f"{key}: {path} is {size:,} bytes; a recipe file is at most {MAX_FILE_BYTES:,} (is it the right file?)"
+            )
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{key}: {path} is not UTF-8 text (byte {e.start}); is it the right file?") from None
+    except OSError as e:
+        raise UserError(f"{key}: cannot read {path}: {e}") from None
+    try:
+        return load_yaml(text)
+    except YamlTooLarge as e:
+        raise UserError(f"{key}: {path} is too large: {e}; a recipe is a few hundred values") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{key}: {path}{where}: invalid YAML: {getattr(e, 'problem', None) or e}") from None
 
 
 def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:

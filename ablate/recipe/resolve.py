@@ -48,9 +48,11 @@ from ablate.core.config import (
     EvalConfig,
     Tolerance,
     TrainConfig,
+    YamlTooLarge,
     deep_merge,
     load_section,
     load_yaml,
+    read_yaml_file,
     safe_name,
     set_dotted,
 )
@@ -428,14 +430,7 @@ def load_recipe(
             else ""
         )
         raise UserError(f"recipe: {str(path)!r} is not a file{hint}")
-    try:
-        raw = load_yaml(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"recipe: {path}{where}: invalid YAML: {getattr(e, 'problem', e)}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"recipe: cannot read {path}: {e}") from None
+    raw = read_yaml_file(path, "recipe")
     if not isinstance(raw, dict):
         raise UserError(
             f"recipe: {path} must hold a mapping with base and variants, got {type(raw).__name__}"
@@ -528,6 +523,8 @@ def parse_overrides(pairs: Iterable[str]) -> list[tuple[str, Any]]:
             value = load_yaml(text)
         except yaml.YAMLError:
             value = text
+        except YamlTooLarge as e:
+            raise UserError(f"--{key}: the value is too large: {e}") from None
         result.append((key, value))
     return result
 

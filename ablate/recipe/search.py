@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
-from ablate.core.config import load_section, load_yaml, safe_name
+from ablate.core.config import load_section, read_yaml_file, safe_name
 from ablate.core.errors import UserError
 
 SAMPLERS = ("grid", "random", "tpe")
@@ -148,10 +147,7 @@ def load_search_spec(path: str | Path) -> SearchSpec:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"--search: {str(path)!r} is not a file (search specs live in sweeps/)")
-    try:
-        raw = load_yaml(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise UserError(f"--search: {path}: invalid YAML: {getattr(e, 'problem', e)}") from None
+    raw = read_yaml_file(path, "--search") or {}
     spec = load_section(SearchFile, raw, "", what="search-spec key")
     pruner = {"name": spec.pruner} if isinstance(spec.pruner, str) else dict(spec.pruner or {"name": "none"})
     if pruner.get("name") not in PRUNERS:

@@ -116,7 +116,28 @@ def paired_difference(
     return PairedDiff(mean, lo, hi, n, p, significant, n_bad, unpaired, level)
 
 
+def holm(p_values: list[float], alpha: float = 0.05) -> list[bool]:
+    """Holm's step-down correction (Holm 1979) over a family of tests: for each p-value, whether its
+    null is rejected at family-wise error `alpha`. NaN p-values (no test) are never rejected and do not
+    count in the family."""
+    tested = sorted((p, i) for i, p in enumerate(p_values) if math.isfinite(p))
+    rejected = [False] * len(p_values)
+    m = len(tested)
+    for rank, (p, i) in enumerate(tested):
+        if p > alpha / (m - rank):
+            break  # step-down: every larger p-value stays too
+        rejected[i] = True
+    return rejected
+
+
 # ----------------------------------------------------------------------------------- formatting
+
+
+def format_p(p: float) -> str:
+    """'p=0.012', 'p<0.001' (three decimals say no more than that), 'p=n/a' without a test."""
+    if not math.isfinite(p):
+        return "p=n/a"
+    return "p<0.001" if p < 0.001 else f"p={p:.3f}"
 
 
 def format_number(x: float, digits: int = 3, sign: bool = False) -> str:

@@ -218,7 +218,9 @@ def table_rows(
                 diff_text = "(reference)"
             else:
                 diff = diffs[(size, variant)]
-                diff_text = stats.format_diff(diff) + (f" (p={diff.p_value:.3f})" if diff.n >= 2 else "")
+                diff_text = stats.format_diff(diff) + (
+                    f" ({stats.format_p(diff.p_value)})" if diff.n >= 2 else ""
+                )
             failed = [r for r in group if r.state in ("failed", "pruned")]
             seeds_text = f"{len(finished)}/{len(group)}" + "".join(
                 f"; seed {r.seed} {r.state.upper()}: {r.reason or '-'}" for r in failed
@@ -396,6 +398,31 @@ def precisions(records: list[RunRecord]) -> str:
     return "; ".join(sorted(seen)) or "not recorded"
 
 
+def comparisons_note(ctx: Any, records: list[RunRecord]) -> str:
+    """How many paired comparisons the table makes, and which of its stars survive Holm's correction."""
+    diffs = {k: d for k, d in row_diffs(list(ctx.recipe.variants), records).items() if d.n >= 2}
+    if not diffs:
+        return ""
+    keys = list(diffs)
+    survive = stats.holm([diffs[k].p_value for k in keys])
+    starred = [k for k in keys if diffs[k].significant]
+    kept = [k for k in starred if survive[keys.index(k)]]
+
+    def name(key: tuple[str, str]) -> str:
+        size, variant = key
+        return ctx.recipe.variants[variant].label + (f" ({size})" if size else "")
+
+    text = f"{len(keys)} comparison{'s' * (len(keys) != 1)} (each row against the first row of its size)"
+    if not starred:
+        return text + "; no star to correct."
+    return (
+        text
+        + f"; {len(kept)} of the {len(starred)} star{'s' * (len(starred) != 1)} "
+        + f"survive{'s' * (len(kept) == 1)} Holm's correction "
+        f"for {len(keys)} comparisons at 5%" + (f": {', '.join(name(k) for k in kept)}." if kept else ".")
+    )
+
+
 def write_report(ctx: Any, study: Any, folder: Path) -> Path:
     records = collect(ctx, study)
     all_records = records
@@ -419,6 +446,9 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
             else ""
         )
     ]
+    comparisons = comparisons_note(ctx, records)
+    if comparisons:
+        notes.append(comparisons)
     if any(r.state != "finished" for r in records):
         notes.append("Failed or pruned runs are counted in the seeds column and left out of the statistics.")
     if chosen:

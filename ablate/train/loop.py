@@ -283,6 +283,18 @@ def shape_tags(run: RunSpec) -> dict[str, str]:
     }
 
 
+def attention_kernel(run: RunSpec, device: str, precision: str) -> str:
+    """The attention core the run's layers use on `device` under `precision` (what `auto` resolves to,
+    which depends on the CPU kind as well as the dtype), so a rerun elsewhere is explainable from MLflow."""
+    from ablate.hardware.precision import compute_dtype
+
+    attention = build_model(run.model, device="meta").blocks[0].attention
+    resolved = getattr(attention, "resolved_backend", None)
+    if resolved is None:
+        return f"{run.model.attention_backend} (not reported by {type(attention).__name__})"
+    return resolved(torch.device(device), compute_dtype(precision))
+
+
 def run_dir(workspace: Path, run: RunSpec) -> Path:
     return (
         Path(workspace).resolve()
@@ -326,6 +338,7 @@ def train_run(
             **shape_tags(run),
             "ablate.precision": precision,
             "ablate.precision_reason": why,
+            "ablate.attention_kernel": attention_kernel(run, training_device(cfg.accelerator), precision),
             **(extra_tags or {}),
         },
     )

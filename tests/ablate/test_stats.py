@@ -150,3 +150,31 @@ def test_formatting():
 def test_paired_difference_rejects_sequences():
     with pytest.raises(TypeError, match="mappings seed -> value"):
         paired_difference([1.0, 2.0], [1.0, 2.0])
+
+
+def test_holm_on_a_hand_worked_family_and_against_adjusted_p_values():
+    from ablate.report.stats import holm
+
+    # sorted: 0.005 <= .05/4, 0.01 <= .05/3, 0.03 > .05/2: stop; NaN is no test and not in the family
+    assert holm([0.01, 0.04, 0.03, 0.005, float("nan")]) == [True, False, False, True, False]
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        p = list(rng.uniform(0, 0.08, size=rng.integers(1, 8)))
+        order = np.argsort(p)
+        m = len(p)
+        adjusted = np.maximum.accumulate([min(1.0, (m - j) * p[i]) for j, i in enumerate(order)])
+        expected = [False] * m
+        for j, i in enumerate(order):
+            expected[i] = bool(adjusted[j] <= 0.05)
+        assert holm(p) == expected, p
+
+
+def test_p_values_say_no_more_than_three_decimals():
+    from ablate.report.stats import format_p
+
+    assert (format_p(0.00046), format_p(0.0012), format_p(0.5), format_p(float("nan"))) == (
+        "p<0.001",
+        "p=0.001",
+        "p=0.500",
+        "p=n/a",
+    )

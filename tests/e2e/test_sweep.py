@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 
 from ablate.cli import main
 from ablate.recipe.resolve import Variant
-from ablate.report.table import RunRecord, table_rows
+from ablate.report.table import RunRecord, comparisons_note, table_rows
 from ablate.store import tracking
 
 
@@ -190,6 +190,11 @@ def test_report_statistics_on_known_numbers():
     diff_c = by_label["C"]["Δ Valid vs row 1 (paired)"]
     assert diff_c.startswith("0.000 [") and "*" not in diff_c
     assert by_label["C"]["seeds"].startswith("3/4; seed 3 FAILED")
+    assert by_label["B"]["Δ Valid vs row 1 (paired)"].endswith("(p=0.003)")  # t = 19.05, 2 df
+    assert comparisons_note(ctx, records) == (  # p 0.003 <= 0.05 / 2: B's star survives Holm over 2
+        "2 comparisons (each row against the first row of its size); 1 of the 1 star survives Holm's "
+        "correction for 2 comparisons at 5%: B."
+    )
     assert len(csv_rows) == 10
 
 

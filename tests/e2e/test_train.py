@@ -88,6 +88,7 @@ def test_run_records_metrics_params_tags_and_recipe(mini_recipe, tmp_path):
         "0",
     )
     assert tags["ablate.code_version"] and tags["ablate.heads"] == "2" and tags["ablate.gn"] == "yes"
+    assert tags["ablate.attention_kernel"] == "sdpa"  # the recipe's backend, resolved for this device
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"resolved_recipe.yaml", "final_metrics.json", "data.json"} <= artifacts
     recipe_text = Path(
@@ -305,3 +306,19 @@ def test_train_on_a_recipe_with_sizes_needs_a_size(tmp_path, capsys):
     assert main([*args, "--size", "s3"]) == 2 and "s1, s2" in _one_error_line(capsys)
     assert main([*args, "--size", "s2"]) == 0
     assert "transformer-s2-s0" in capsys.readouterr().out
+
+
+def test_the_kernel_auto_resolves_to_is_what_the_run_records():
+    """`auto` depends on device, dtype and CPU kind: the tag names what the layers' cores resolve to."""
+    from dataclasses import replace
+
+    from ablate.recipe.resolve import load_recipe
+    from ablate.train.loop import attention_kernel
+
+    table6 = Path(__file__).resolve().parents[2] / "recipes" / "table6.yaml"
+    runs = {r.variant: r for r in load_recipe(table6, scale="tiny").runs}
+    diff = replace(runs["diff"], model=replace(runs["diff"].model, attention_backend="auto"))
+    softmax = replace(runs["transformer"], model=replace(runs["transformer"].model, attention_backend="auto"))
+    assert attention_kernel(diff, "cpu", "32-true") == "sdpa_padded"  # 16-wide sub-heads in float32
+    assert attention_kernel(softmax, "cpu", "32-true") == "sdpa"
+    assert attention_kernel(diff, "cpu", "bf16-mixed") in ("blocks", "blockwise")  # by AMX, read here
