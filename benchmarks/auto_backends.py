@@ -1,9 +1,12 @@
-"""Which attention backend `auto` should pick for differential attention on this CPU: the attention core
-alone (forward + backward, 8192 tokens per call), every CPU backend, the shapes of benchmarks/NOTES.md's
-"auto on CPU" table. Prints one Markdown table (median ms of `--rounds`, the fastest marked) and the
-backend `auto` picks for each case, so a disagreement between the rule and this machine shows.
+"""Which attention backend `auto` should pick on this CPU: the attention core alone (forward + backward,
+8192 tokens per call), every CPU backend, the shapes of benchmarks/NOTES.md's "auto on CPU" table, for
+differential attention (default) or softmax attention (`--attention softmax`: the Transformer rows, whose
+heads are d wide where Diff's sub-heads are). Prints one Markdown table (median ms of `--rounds`, the
+fastest marked) and the backend `auto` picks for each case, so a disagreement between the rule and this
+machine shows.
 
     python benchmarks/auto_backends.py --dtypes float32 bfloat16
+    python benchmarks/auto_backends.py --attention softmax --dtypes bfloat16
     # an approximation of an AVX2-only CPU on an AVX-512 one (ATen, oneDNN and MKL kernels held to AVX2):
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
         python benchmarks/auto_backends.py --dtypes float32
@@ -23,7 +26,7 @@ import torch
 
 from ablate.hardware.device import device_ops
 from components.attention import blockwise
-from components.attention.backends import diff_attend_maps, resolve
+from components.attention.backends import attend, diff_attend_maps, resolve
 
 CASES = [  # (sub-head width d, heads h, batch, sequence): 8192 tokens each
     (16, 4, 32, 256),
@@ -38,6 +41,29 @@ BACKENDS = ("sdpa", "sdpa_padded", "blockwise")
 # blocks above the diagonal skipped) instead of the padded fused forward. Issue 17 asks whether it wins.
 BLOCK_FORWARD = "blockwise (block fwd)"
 ARMS = (*BACKENDS, BLOCK_FORWARD)
+SOFTMAX_ARMS = ("sdpa", "blockwise", "blocks")  # softmax attention: SDPA's fused kernel or query blocks
+
+
+def softmax_core_ms(
+    backend: str, d: int, h: int, batch: int, n: int, dtype: torch.dtype, rounds: int
+) -> float:
+    """Median wall time (ms) of one forward + backward of causal softmax attention, 2h heads of width d
+    (a Transformer row of the same recipe: twice Diff's heads)."""
+    ops = device_ops("cpu")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(batch, 2 * h, n, d, generator=gen).to(dtype).requires_grad_() for _ in range(3))
+    grad = torch.randn(batch, 2 * h, n, d, generator=gen).to(dtype)
+
+    def step() -> None:
+        attend(q, k, v, backend=backend).backward(grad)
+
+    step()
+    times = []
+    for _ in range(rounds):
+        start = ops.now()
+        step()
+        times.append(ops.now() - start)
+    return 1000 * statistics.median(times)
 
 
 def core_ms(backend: str, d: int, h: int, batch: int, n: int, dtype: torch.dtype, rounds: int) -> float:
@@ -71,6 +97,7 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--attention", choices=("diff", "softmax"), default="diff")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -88,15 +115,18 @@ def main() -> None:
     flags = sorted(words & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
     print(f"CPU flags: {', '.join(flags)}; threads {torch.get_num_threads()}; ISA limits: {isa or 'none'}")
     print(f"torch.backends.cpu.get_cpu_capability(): {torch.backends.cpu.get_cpu_capability()}\n")
-    print("| dtype | d | h | batch x N | " + " | ".join(ARMS) + " | fastest | auto picks |")
-    print("|---|---:|---:|---|" + "---:|" * len(ARMS) + "---|---|")
+    diff = args.attention == "diff"
+    arms, timer = (ARMS, core_ms) if diff else (SOFTMAX_ARMS, softmax_core_ms)
+    print(f"{args.attention} attention")
+    print("| dtype | d | h | batch x N | " + " | ".join(arms) + " | fastest | auto picks |")
+    print("|---|---:|---:|---|" + "---:|" * len(arms) + "---|---|")
     for name in args.dtypes:
         dtype = getattr(torch, name)
         for d, h, batch, n in CASES:
-            ms = {b: core_ms(b, d, h, batch, n, dtype, args.rounds) for b in ARMS}
+            ms = {b: timer(b, d, h, batch, n, dtype, args.rounds) for b in arms}
             best = min(ms, key=ms.get)
-            picked = resolve("auto", torch.device("cpu"), dtype, diff=True, head_dim=d)
-            cells = " | ".join(f"**{ms[b]:.1f}**" if b == best else f"{ms[b]:.1f}" for b in ARMS)
+            picked = resolve("auto", torch.device("cpu"), dtype, diff=diff, head_dim=d)
+            cells = " | ".join(f"**{ms[b]:.1f}**" if b == best else f"{ms[b]:.1f}" for b in arms)
             off = "" if picked == best else f" ({ms[picked] / ms[best]:.2f}x the fastest)"
             print(f"| {name} | {d} | {h} | {batch} x {n} | {cells} | {best} | {picked}{off} |", flush=True)
 

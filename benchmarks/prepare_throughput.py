@@ -12,8 +12,8 @@ here on the first 20 MB. Three measurements, each in its own process, one after 
 - `ablate prepare --workers N`: the whole command from the raw files: scan (fingerprint, document count,
   split), read, tokenize in N processes, write shards and manifest.
 
-Peak memory is the largest resident set among the command's processes, sampled every 0.2 s from /proc
-(prepare's main process and its workers summed). Prints a Markdown table; ratios are within this run.
+Peak memory is the largest resident set of the command's process tree (prepare's main process and its
+workers summed), sampled every second from /proc. Prints a Markdown table; ratios are within this run.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str]:
     peak = 0
     while proc.poll() is None:
         peak = max(peak, tree_rss(proc.pid))
-        time.sleep(0.2)
+        time.sleep(1.0)
     out = proc.stdout.read()
     if proc.returncode:
         raise SystemExit(f"{cmd[:3]} exited {proc.returncode}")

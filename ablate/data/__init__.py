@@ -10,28 +10,35 @@
 
 Modules: `config` (the keys), `readers` (file formats, streamed), `hf_datasets` (saved and hub datasets),
 `corpus` (the by-document split, fingerprints), `tokenizers`, `shards` (the on-disk token format),
-`prepare` (tokenizing into shards with every core, resumable), `tokens` (cache, `load_tokens`, `prepare`),
+`preprocess` (tokenizing into shards with every core, resumable), `tokens` (cache, `load_tokens`, `prepare`),
 `loader` (batches), `task_batches` (a task's samples as batches), `tasks/` (kind `task`).
 """
 
-from ablate.data.config import DEFAULTS, DataConfig, parse_data_config
-from ablate.data.loader import TrainBatches, ValBatches, train_batch, val_starts
-from ablate.data.tokenizers import get_tokenizer, parse_tokenizer_spec, vocab_size_of
-from ablate.data.tokens import TokenData, load_tokens, prepare, vocab_size_for
+import importlib
+from typing import Any
 
-__all__ = [
-    "DEFAULTS",
-    "DataConfig",
-    "TokenData",
-    "TrainBatches",
-    "ValBatches",
-    "get_tokenizer",
-    "load_tokens",
-    "parse_data_config",
-    "parse_tokenizer_spec",
-    "prepare",
-    "train_batch",
-    "val_starts",
-    "vocab_size_for",
-    "vocab_size_of",
-]
+# Names this package exports, and the module each lives in. Imported on first use (PEP 562), so a
+# process that needs only a reader or a tokenizer (prepare's workers) does not import torch.
+_EXPORTS = {
+    "DEFAULTS": "config",
+    "DataConfig": "config",
+    "parse_data_config": "config",
+    "TrainBatches": "loader",
+    "ValBatches": "loader",
+    "train_batch": "loader",
+    "val_starts": "loader",
+    "get_tokenizer": "tokenizers",
+    "parse_tokenizer_spec": "tokenizers",
+    "vocab_size_of": "tokenizers",
+    "TokenData": "tokens",
+    "load_tokens": "tokens",
+    "prepare": "tokens",
+    "vocab_size_for": "tokens",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'ablate.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"ablate.data.{_EXPORTS[name]}"), name)

@@ -192,7 +192,7 @@ class SourceFile:
 
 
 class Progress:
-    """What a reader reports as it goes (bytes of the source consumed); `ablate.data.prepare` shows it."""
+    """What a reader reports as it goes (bytes of the source consumed); `ablate.data.preprocess` shows it."""
 
     def __init__(self) -> None:
         self.bytes = 0.0

@@ -1,7 +1,7 @@
 """Token shards on disk: what `ablate prepare` writes, what a shard-folder `data.source` reads, and the
 format of the workspace token cache.
 
-A shard folder (written by `ablate.data.prepare`):
+A shard folder (written by `ablate.data.preprocess`):
 
     <folder>/
       train/000000.bin  train/000000.json    (a long split may have 000001.bin, ...: read in name order)

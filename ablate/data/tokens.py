@@ -24,7 +24,7 @@ import numpy as np
 from ablate.core.errors import UserError
 from ablate.data.config import parse_data_config
 from ablate.data.corpus import TextCorpus, open_text_corpus
-from ablate.data.prepare import write_token_shards
+from ablate.data.preprocess import write_token_shards
 from ablate.data.shards import is_shard_folder, read_shards, shard_fingerprint
 from ablate.data.tokenizers import (
     BpeTokenizer,
@@ -130,10 +130,10 @@ def prepare(
     say: Callable[[str], None] | None = None,
 ) -> list[Path]:
     """Tokenise the corpus into a shard folder `out_dir` (readable as `data.source`), or finish one an
-    interrupted call left (`ablate.data.prepare`); returns the .bin paths, train then val.
+    interrupted call left (`ablate.data.preprocess`); returns the .bin paths, train then val.
     `shard_tokens` caps a shard (it closes at the next document end; None: 64M tokens); `workers`
     processes tokenize (None: one per core)."""
-    from ablate.data.prepare import DEFAULT_SHARD_TOKENS, prepare_folder
+    from ablate.data.preprocess import DEFAULT_SHARD_TOKENS, prepare_folder
 
     cfg = parse_data_config(data_cfg)
     if _shard_source(cfg.source) is not None:

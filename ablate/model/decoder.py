@@ -182,6 +182,16 @@ def _name_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+def attention_kernel(model: DecoderLM, device: torch.device, dtype: torch.dtype) -> str:
+    """The attention core `model`'s layers run on `device` in `dtype` (what `auto` resolves to), through the
+    component's `resolved_backend`; an attention that does not say gives its configured backend."""
+    attn = model.blocks[0].attention
+    resolved = getattr(attn, "resolved_backend", None)
+    return (
+        resolved(device, dtype) if resolved else str(getattr(attn, "backend", model.config.attention_backend))
+    )
+
+
 def build_model(
     config: ModelConfig | Mapping[str, Any], *, seed: int = 0, device: str | None = None
 ) -> DecoderLM:

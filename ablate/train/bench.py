@@ -57,7 +57,7 @@ from ablate.hardware.allocator import tune_glibc_malloc
 from ablate.hardware.device import CpuOps, DeviceOps, device_ops
 from ablate.hardware.precision import autocast, choose_precision, compute_dtype
 from ablate.model.budget import model_budget
-from ablate.model.decoder import ModelConfig, build_model
+from ablate.model.decoder import ModelConfig, attention_kernel, build_model
 from ablate.recipe.resolve import load_recipe
 from components.attention.backends import check_backend
 
@@ -251,7 +251,7 @@ def run_bench(
     ceilings = {
         v: {n: flop_ceilings(configs[variants[0]], configs[v], n) for n in seq_lens} for v in variants[1:]
     }
-    backends_used = {v: _backends(models[v][0], ops.device, dtypes[0]) for v in variants}
+    backends_used = {v: attention_kernel(models[v][0], ops.device, dtypes[0]) for v in variants}
     text = _markdown(
         recipe.name,
         scale,
@@ -443,12 +443,6 @@ def _flops_and_core(config: ModelConfig | Mapping[str, Any], n: int) -> tuple[fl
 def _kernel_forms(config: ModelConfig | Mapping[str, Any]) -> dict[str, float]:
     model = build_model(config, device="meta")
     return dict(getattr(model.blocks[0].attention, "kernel_forms", {"as counted": 1.0}))
-
-
-def _backends(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> str:
-    attn = model.blocks[0].attention
-    resolve = getattr(attn, "resolved_backend", None)
-    return resolve(device, dtype) if resolve else str(getattr(attn, "backend", "?"))
 
 
 # --- output --------------------------------------------------------------------------------------------

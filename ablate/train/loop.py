@@ -27,7 +27,7 @@ from ablate.core.config import TrainConfig
 from ablate.core.errors import UserError
 from ablate.hardware.allocator import tune_glibc_malloc
 from ablate.hardware.precision import choose_precision, training_device
-from ablate.model.decoder import DecoderLM, build_model
+from ablate.model.decoder import DecoderLM, attention_kernel, build_model
 from ablate.recipe.resolve import RunSpec
 from ablate.store import tracking
 from ablate.train.metrics import SUM_KEYS, ar_hit_mask, sliced_loss_sums, task_summary, task_sums
@@ -283,16 +283,13 @@ def shape_tags(run: RunSpec) -> dict[str, str]:
     }
 
 
-def attention_kernel(run: RunSpec, device: str, precision: str) -> str:
+def run_attention_kernel(run: RunSpec, device: str, precision: str) -> str:
     """The attention core the run's layers use on `device` under `precision` (what `auto` resolves to,
     which depends on the CPU kind as well as the dtype), so a rerun elsewhere is explainable from MLflow."""
     from ablate.hardware.precision import compute_dtype
 
-    attention = build_model(run.model, device="meta").blocks[0].attention
-    resolved = getattr(attention, "resolved_backend", None)
-    if resolved is None:
-        return f"{run.model.attention_backend} (not reported by {type(attention).__name__})"
-    return resolved(torch.device(device), compute_dtype(precision))
+    model = build_model(run.model, device="meta")
+    return attention_kernel(model, torch.device(device), compute_dtype(precision))
 
 
 def run_dir(workspace: Path, run: RunSpec) -> Path:
@@ -338,7 +335,7 @@ def train_run(
             **shape_tags(run),
             "ablate.precision": precision,
             "ablate.precision_reason": why,
-            "ablate.attention_kernel": attention_kernel(run, training_device(cfg.accelerator), precision),
+            "ablate.attention_kernel": run_attention_kernel(run, training_device(cfg.accelerator), precision),
             **(extra_tags or {}),
         },
     )

@@ -117,6 +117,12 @@ def resolve(
         if dtype == torch.bfloat16 and head_dim >= 32 and not (cpu_has_amx() if amx is None else amx):
             return "blocks"
         return "blockwise"
+    if device.type == "cpu" and dtype == torch.bfloat16 and head_dim >= 64:
+        # Softmax heads of 64 in bf16 without AMX: the query blocks beat SDPA's fused kernel (1.14x at
+        # 32 x 256, 1.01x at 8 x 1024; benchmarks/NOTES.md, "auto for softmax attention"); thinner heads
+        # and float32 stay with SDPA (1.0-3.0x faster there).
+        if not (cpu_has_amx() if amx is None else amx):
+            return "blocks"
     return "sdpa"
 
 
@@ -132,7 +138,7 @@ def attend(
     maps) and the maps (B,H,N,N) come back too.
     """
     _check_groups(q, k, v)
-    name = resolve(backend, q.device, q.dtype)
+    name = resolve(backend, q.device, q.dtype, head_dim=q.shape[-1])
     if return_weights or name == "math":
         weights = _maps(q, k).to(q.dtype)  # (B,G,R,N,N)
         out = (weights @ v.unsqueeze(2)).flatten(1, 2)

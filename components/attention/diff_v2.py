@@ -108,7 +108,7 @@ class DiffV2Attention(nn.Module):
 
     def resolved_backend(self, device: torch.device, dtype: torch.dtype) -> str:
         """The attention core that runs for inputs on `device` of `dtype`."""
-        return backends.resolve(self.backend, device, dtype)
+        return backends.resolve(self.backend, device, dtype, head_dim=self.head_dim)
 
     def flops(self, seq_len: int) -> int:
         """Projections (q 2h·d, k and v h_kv·d, λ h, o h·d) plus the dense maps of 2h query heads

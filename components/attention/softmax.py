@@ -103,7 +103,7 @@ class SoftmaxAttention(nn.Module):
 
     def resolved_backend(self, device: torch.device, dtype: torch.dtype) -> str:
         """The attention core that runs for inputs on `device` of `dtype`."""
-        return backends.resolve(self.backend, device, dtype)
+        return backends.resolve(self.backend, device, dtype, head_dim=self.head_width)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B,H,N,w) and k (B,H_kv,N,w), rotated, and v (B,H_kv,N,w) (views of the projections)."""

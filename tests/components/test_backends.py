@@ -50,7 +50,7 @@ def test_flash_seam_returns_the_installed_function(fake_flash):
 
 def test_resolve(fake_flash, monkeypatch):
     cpu = torch.device("cpu")
-    assert backends.resolve("auto", cpu, torch.bfloat16) == "sdpa"
+    assert backends.resolve("auto", cpu, torch.bfloat16, head_dim=32) == "sdpa"  # 64 wide: test_fast_paths
     assert backends.resolve("auto", CUDA, torch.bfloat16) == "flash_attn"
     assert backends.resolve("auto", CUDA, torch.float16) == "flash_attn"
     assert backends.resolve("auto", CUDA, torch.float32) == "sdpa"  # flash-attn has no fp32 kernels

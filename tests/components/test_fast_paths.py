@@ -159,7 +159,8 @@ def test_no_n_by_n_map_is_kept_for_backward(backend):
 
 def test_auto_on_cpu_picks_what_measured_fastest(fake_flash, monkeypatch):
     """Diff on CPU: blockwise in bf16 and for float32 sub-heads of 64, sdpa_padded for thinner float32
-    sub-heads (benchmarks/NOTES.md); softmax attention: SDPA; CUDA: flash-attn for half precision."""
+    sub-heads (benchmarks/NOTES.md); softmax attention: SDPA, but the query blocks for bf16 heads of 64
+    without AMX; CUDA: flash-attn for half precision."""
     cpu = torch.device("cpu")
     for amx in (True, False):  # bf16 sub-heads of 16: the fused forward wins on both kinds of CPU
         assert backends.resolve("auto", cpu, torch.bfloat16, diff=True, head_dim=16, amx=amx) == "blockwise"
@@ -177,8 +178,15 @@ def test_auto_on_cpu_picks_what_measured_fastest(fake_flash, monkeypatch):
     )  # unless given, AMX is read from this machine
     assert backends.resolve("auto", cpu, torch.float32, diff=True, head_dim=64) == "blockwise"
     assert backends.resolve("auto", cpu, torch.float32, diff=True, head_dim=16) == "sdpa_padded"
-    for dtype in (torch.bfloat16, torch.float32):
-        assert backends.resolve("auto", cpu, dtype) == "sdpa"  # softmax attention: SDPA's kernel is faster
+    for dtype in (torch.bfloat16, torch.float32):  # softmax heads up to 32: SDPA's kernel is faster
+        for width in (16, 32):
+            assert backends.resolve("auto", cpu, dtype, head_dim=width, amx=False) == "sdpa"
+    # softmax heads of 64 in bf16: the query blocks without AMX, SDPA with it; float32: SDPA
+    assert backends.resolve("auto", cpu, torch.bfloat16, head_dim=64, amx=False) == "blocks"
+    assert backends.resolve("auto", cpu, torch.bfloat16, head_dim=64, amx=True) == "sdpa"
+    assert backends.resolve("auto", cpu, torch.float32, head_dim=64, amx=False) == "sdpa"
+    wide = build("attention", {"name": "softmax"}, d_model=128, head_dim=64)
+    assert wide.resolved_backend(cpu, torch.bfloat16) == ("sdpa" if backends.cpu_has_amx() else "blocks")
     assert backends.resolve("auto", CUDA, torch.bfloat16, diff=True) == "flash_attn"
     assert backends.resolve("auto", CUDA, torch.float32, diff=True) == "sdpa"
     monkeypatch.setitem(sys.modules, "flash_attn", None)

@@ -313,7 +313,7 @@ def test_the_kernel_auto_resolves_to_is_what_the_run_records():
     from dataclasses import replace
 
     from ablate.recipe.resolve import load_recipe
-    from ablate.train.loop import attention_kernel
+    from ablate.train.loop import run_attention_kernel as attention_kernel
 
     table6 = Path(__file__).resolve().parents[2] / "recipes" / "table6.yaml"
     runs = {r.variant: r for r in load_recipe(table6, scale="tiny").runs}
