@@ -117,7 +117,10 @@ def test_no_shell():
 
 
 def test_yaml_is_loaded_safely():
-    assert issubclass(_Loader, yaml.SafeLoader)  # the loader behind ablate.core.config.load_yaml
+    # the loader behind ablate.core.config.load_yaml: libyaml's CSafeLoader (or SafeLoader): what makes
+    # either safe is the constructor, SafeConstructor, never the Full or Unsafe one that builds objects
+    assert issubclass(_Loader, yaml.constructor.SafeConstructor)
+    assert not issubclass(_Loader, yaml.constructor.FullConstructor)
     assert yaml_problems(SOURCES) == []
 
 
