@@ -141,7 +141,7 @@ class SourceFile:
             seen = 0
             lines = io.BufferedReader(stream) if stream is not raw else raw  # zstd's reader has no readline
             for lineno, line in enumerate(lines, start=1):
-                if progress:
+                if progress and lineno % 256 == 0:  # the file position, not on every line (a syscall)
                     position = raw.tell()
                     progress.read_bytes(position - seen)
                     seen = position
