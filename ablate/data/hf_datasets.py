@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.core.errors import UserError
-from ablate.data.readers import Progress
+from ablate.data.readers import Progress, hash_file
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 BATCH_ROWS = 1000
@@ -62,9 +62,7 @@ class DatasetSplit:
         """Its split name and rows, and the bytes of its Arrow files (a streamed hub dataset: its id)."""
         sha.update(f"{self.rel}\0{self.split}\0".encode())
         for f in getattr(self.dataset, "cache_files", None) or []:
-            with open(f["filename"], "rb") as raw:
-                while block := raw.read(1 << 22):
-                    sha.update(block)
+            hash_file(sha, f["filename"])
 
     def documents(
         self, *, text_key: str, separator: str | None = None, progress: Progress | None = None

@@ -84,12 +84,7 @@ class SourceFile:
     def update_hash(self, sha: hashlib._Hash) -> None:
         """Feed the relative path, size and raw bytes into `sha`, in blocks."""
         sha.update(f"{self.rel}\0{self.size}\0".encode())
-        try:
-            with open(self.path, "rb") as raw:
-                while block := raw.read(_HASH_BLOCK):
-                    sha.update(block)
-        except OSError as e:
-            raise UserError(f"data.source: cannot read {self.path} ({e.strerror})") from None
+        hash_file(sha, self.path)
 
     def documents(
         self, *, text_key: str, separator: str | None, progress: Progress | None = None
@@ -189,6 +184,16 @@ class SourceFile:
                     yield f"{stem}:{row}", value
             if progress:
                 progress.read_bytes(per_group)
+
+
+def hash_file(sha: hashlib._Hash, path: Path | str) -> None:
+    """Feed a file's bytes into `sha` in blocks (never the whole file in memory)."""
+    try:
+        with open(path, "rb") as raw:
+            while block := raw.read(_HASH_BLOCK):
+                sha.update(block)
+    except OSError as e:
+        raise UserError(f"data.source: cannot read {path} ({e.strerror})") from None
 
 
 class Progress:
