@@ -156,7 +156,8 @@ def train(
     overrides: list | None = None,
     **options: Any,
 ) -> int:
-    """Train one variant of a recipe (resumes from its last checkpoint if interrupted).
+    """Train one variant of a recipe (resumes from its last checkpoint if interrupted); with budgets, the
+    longest run and a cooldown branch per smaller budget.
 
     Args:
         recipe: recipe YAML file, e.g. recipes/table6.yaml
@@ -164,7 +165,7 @@ def train(
         seed: seed (default: the recipe's first)
         size: size, for recipes with a sizes axis (scaling grids)
     """
-    from ablate.train.loop import train_run
+    from ablate.train.branches import train_budgets
 
     opts = Shared(**options)
     loaded = _load(recipe, overrides, opts.scale)
@@ -179,8 +180,8 @@ def train(
             )
         runs = [r for r in runs if r.size == size]
     (run,) = runs
-    result = train_run(run, workspace=opts.workspace_path, tracking_uri=opts.tracking)
-    print(result.summary())
+    for result in train_budgets(run, workspace=opts.workspace_path, tracking_uri=opts.tracking):
+        print(result.summary())  # the run, then each smaller budget's branch (ablate.recipe.budgets)
     return 0
 
 

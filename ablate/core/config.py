@@ -376,7 +376,11 @@ class TrainConfig:
         eps: AdamW epsilon (not stated in the paper: PyTorch's default)
         weight_decay: AdamW weight decay (Appendix E)
         warmup_steps: linear warmup steps (Appendix E)
-        min_lr: the linear decay ends at this learning rate
+        min_lr: the decay (linear, or wsd's cooldown) ends at this learning rate
+        schedule: linear (warmup, then linear decay to min_lr: the paper's) or wsd (warmup, constant,
+            cooldown over the last cooldown_fraction of the steps: Hägele et al. 2024, arXiv 2405.18392)
+        cooldown_fraction: wsd: the share of the steps that cools down
+        cooldown_shape: wsd: linear, or sqrt (lr falls as 1 - sqrt(t), Hägele et al.)
         grad_clip: gradient-norm clipping (not stated in the paper: the common choice)
         precision: Lightning precision
         val_every: optimizer steps between validations (and checkpoints)
@@ -400,6 +404,9 @@ class TrainConfig:
     weight_decay: float = 0.05  # Appendix E
     warmup_steps: int = 375  # Appendix E
     min_lr: float = 0.0  # linear decay to this (Appendix E: "linear rate decay")
+    schedule: Literal["linear", "wsd"] = "linear"  # Appendix E: linear; wsd makes every budget a branch
+    cooldown_fraction: float = 0.2  # Hägele et al. 2024: 20% of the run is enough to match a cosine
+    cooldown_shape: Literal["linear", "sqrt"] = "linear"
     grad_clip: float = 1.0  # not stated in the paper: the common choice
     precision: Precision = (
         "auto"  # bf16-mixed where the device runs bf16 natively, else 32-true (ablate.hardware.precision)
@@ -439,6 +446,13 @@ class TrainConfig:
         ):  # what AdamW/LambdaLR accept
             if not 0 <= getattr(self, name) < math.inf:
                 raise UserError(f"train.{name}: must be a non-negative number, got {getattr(self, name)}")
+        if not 0 < self.cooldown_fraction <= 1:
+            raise UserError(f"train.cooldown_fraction: must be in (0, 1], got {self.cooldown_fraction}")
+        if self.schedule == "wsd" and self.cooldown_steps < 1:
+            raise UserError(
+                f"train.cooldown_fraction: {self.cooldown_fraction} of {self.steps} steps rounds to no "
+                "cooldown step; raise it or train more steps"
+            )
         if not all(0 <= beta < 1 for beta in self.betas):
             raise UserError(f"train.betas: each must be in [0, 1), got {list(self.betas)}")
         if self.strategy in SPAWNING_STRATEGIES:
@@ -467,6 +481,22 @@ class TrainConfig:
     @property
     def tokens(self) -> int:
         return self.steps * self.batch_tokens
+
+    @property
+    def cooldown_steps(self) -> int:
+        """wsd: optimizer steps of the cooldown (the last `cooldown_fraction` of `steps`, rounded)."""
+        return round(self.cooldown_fraction * self.steps)
+
+    @property
+    def cooldown_start(self) -> int:
+        """wsd: the first step of the cooldown; before it the lr does not depend on `steps`, so a longer
+        run's state at this step is this run's state at this step (the branch point of a budget)."""
+        return self.steps - self.cooldown_steps
+
+
+# Train keys added after runs were first keyed, with their defaults: a run at the defaults hashes as before
+# (ablate.recipe.resolve.RunSpec.key), so studies made before the key existed keep their run keys.
+KEYS_ADDED_LATER = {"schedule": "linear", "cooldown_fraction": 0.2, "cooldown_shape": "linear"}
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from jsonargparse.typing import NonNegativeInt
 from ablate.core import registry
 from ablate.core.config import (
     COMPONENT_KEYS,
+    KEYS_ADDED_LATER,
     EvalConfig,
     Tolerance,
     TrainConfig,
@@ -61,6 +62,7 @@ from ablate.data.config import DataConfig, parse_data_config
 from ablate.data.task_batches import build_task, check_fits
 from ablate.data.tokenizers import vocab_size_of
 from ablate.model.decoder import ModelConfig
+from ablate.recipe.budgets import Budgets, budget_steps
 from ablate.recipe.matching import solve_matches
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -118,6 +120,8 @@ class ScaleOverlay:
         data: overlay on base.data
         eval: overlay on the eval section
         sizes: the sizes axis at this scale, instead of the recipe's
+        budgets: the token budgets at this scale, instead of the recipe's (ablate.recipe.budgets)
+        variants: the rows trained at this scale (default: every variant; the first is the reference)
         purpose: what this scale is for, one sentence; reports print it (a tiny scale: "a pipeline check")
     """
 
@@ -126,6 +130,8 @@ class ScaleOverlay:
     data: dict[str, Any] = field(default_factory=dict)
     eval: dict[str, Any] = field(default_factory=dict)
     sizes: dict[str, SizeOverlay] | None = None
+    budgets: Budgets | None = None
+    variants: list[str] | None = None
     purpose: str | None = None
 
 
@@ -158,6 +164,7 @@ class RecipeFile:
         base: model, train and data sections shared by every variant
         variants: the rows, each an overlay on base
         sizes: a second axis (scaling grids): size name -> overlay on base
+        budgets: token budgets every row is trained to from one run (ablate.recipe.budgets)
         scales: presets (paper, small, tiny, ...): overlays on base that change sizes only
         eval: the probes run on finished checkpoints
         paper_reference: where in the paper the study comes from
@@ -172,6 +179,7 @@ class RecipeFile:
     base: Base = field(metadata={"missing": "required mapping with model, train and data"})
     variants: dict[str, Variant] = field(metadata={"missing": "required mapping of at least one variant"})
     sizes: dict[str, SizeOverlay] | None = None
+    budgets: Budgets | None = None
     scales: dict[str, ScaleOverlay] | None = None
     eval: EvalConfig = field(default_factory=EvalConfig)
     paper_reference: dict[str, Any] | None = None
@@ -200,6 +208,7 @@ class RunSpec:
     train: TrainConfig
     data: DataConfig
     paper: dict[str, float] | None = None
+    budgets: tuple[int, ...] = ()  # steps of every budget, the last = train.steps (not part of the key)
 
     @property
     def name(self) -> str:
@@ -214,13 +223,18 @@ class RunSpec:
     @functools.cached_property
     def key(self) -> str:
         """A stable hash of everything that defines the run (its identity across resumes)."""
+        train = {
+            k: v
+            for k, v in self.config["train"].items()
+            if k not in KEYS_ADDED_LATER or v != KEYS_ADDED_LATER[k]
+        }  # keys added later count only away from their defaults (ablate.core.config.KEYS_ADDED_LATER)
         ident = {
             "recipe": self.recipe,
             "variant": self.variant,
             "scale": self.scale,
             "seed": self.seed,
             "size": self.size,
-            "config": self.config,
+            "config": {**self.config, "train": train},
         }
         return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -229,6 +243,15 @@ class RunSpec:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RunSpec) and other.key == self.key
+
+    def at_budget(self, steps: int) -> RunSpec:
+        """This run trained to `steps` instead: the run of one budget (its own key, no budgets)."""
+        return dataclasses.replace(self, train=dataclasses.replace(self.train, steps=steps), budgets=())
+
+    def branches(self) -> list[RunSpec]:
+        """The runs of the smaller budgets, shortest first; each branches off this run at its
+        `train.cooldown_start` (ablate.train.branches)."""
+        return [self.at_budget(steps) for steps in self.budgets if steps < self.train.steps]
 
     def to_json(self) -> dict[str, Any]:
         """What `from_json` reads back (a rank process gets its run this way)."""
@@ -242,7 +265,9 @@ class RunSpec:
             "train": load_section(TrainConfig, raw["train"], "train"),
             "data": parse_data_config(raw["data"]),
         }
-        return cls(**{k: v for k, v in raw.items() if k not in SECTIONS}, **sections)
+        rest = {k: v for k, v in raw.items() if k not in SECTIONS}
+        rest["budgets"] = tuple(rest.get("budgets", ()))
+        return cls(**rest, **sections)
 
 
 def sections_as_dict(model: ModelConfig, train: TrainConfig, data: DataConfig) -> dict[str, Any]:
@@ -271,7 +296,7 @@ class Recipe:
     ) -> list[RunSpec]:
         """The loaded runs for `seeds` (any seeds: a seed changes no section, so the run is the loaded one
         with its seed replaced) and `variants` (default: all), in recipe order, without resolving again."""
-        keys = list(self.variants) if variants is None else list(variants)
+        keys = list(dict.fromkeys(run.variant for run in self.runs)) if variants is None else list(variants)
         for key in keys:
             if key not in self.variants:
                 raise UserError(
@@ -319,6 +344,14 @@ class Recipe:
         overlay = ((self.raw.get("scales") or {}).get(scale or self.default_scale) or {}).get("eval") or {}
         return load_section(EvalConfig, deep_merge(self.raw.get("eval") or {}, overlay), "eval")
 
+    def budgets(self, scale: str) -> Budgets | None:
+        """The token budgets at `scale` (the scale's, else the recipe's), or None."""
+        return self.scale_overlay(scale).budgets or self.file.budgets
+
+    def scale_variants(self, scale: str) -> list[str]:
+        """The rows trained at `scale`: the scale's `variants:` list, else every variant."""
+        return list(self.scale_overlay(scale).variants or self.variants)
+
     def sizes(self, scale: str) -> dict[str, dict[str, Any]] | None:
         overlay = (self.raw.get("scales") or {}).get(scale) or {}
         return overlay.get("sizes", self.raw.get("sizes"))
@@ -342,13 +375,14 @@ class Recipe:
                 f"scales: {', '.join(self.scales)}"
             )
         seeds = list(self.seeds if seeds is None else seeds)
-        keys = list(self.variants) if variants is None else list(variants)
+        keys = self.scale_variants(scale) if variants is None else list(variants)
         for key in keys:
             if key not in self.variants:
                 raise UserError(
                     f"--variant: unknown variant {key!r}{closest(key, self.variants)}; "
                     f"variants: {', '.join(self.variants)}"
                 )
+        budgets = self.budgets(scale)
         scale_overlay = {k: v for k, v in (scales.get(scale) or {}).items() if k in SECTIONS}
         base = deep_merge(self.raw["base"], scale_overlay)
         sizes = self.sizes(scale) or {None: {}}
@@ -370,6 +404,13 @@ class Recipe:
             solved = solve_matches(configs, self.raw["variants"], dataclasses.asdict(self.tolerance))
             for key in keys:
                 model, train, data = typed[key]
+                steps: tuple[int, ...] = ()
+                if budgets is not None:  # the longest budget is the run's length (ablate.recipe.budgets)
+                    where = (
+                        "budgets" if self.scale_overlay(scale).budgets is None else f"scales.{scale}.budgets"
+                    )
+                    steps = budget_steps(budgets, train, key=where)
+                    train = dataclasses.replace(train, steps=steps[-1])
                 if solved[key] is not configs[key]:  # a `match:` knob was solved (ablate.recipe.matching)
                     model = ModelConfig.from_dict(solved[key]["model"])
                 variant = self.variants[key]
@@ -386,6 +427,7 @@ class Recipe:
                             train,
                             data,
                             variant.paper,
+                            steps,
                         )
                     )
         return runs
@@ -481,6 +523,16 @@ def _check_raw(raw: dict[str, Any]) -> RecipeFile:
         safe_name(f"scales.{name}", name)
         for size in overlay.sizes or {}:
             safe_name(f"scales.{name}.sizes.{size}", size)
+        for key in overlay.variants or ():
+            if key not in typed.variants:
+                raise UserError(
+                    f"scales.{name}.variants: unknown variant {key!r}{closest(key, typed.variants)}; "
+                    f"variants: {', '.join(typed.variants)}"
+                )
+        if overlay.variants is not None and not overlay.variants:
+            raise UserError(
+                f"scales.{name}.variants: an empty list trains nothing; omit it for every variant"
+            )
         for component in COMPONENT_KEYS:
             if component in overlay.model:
                 raise UserError(

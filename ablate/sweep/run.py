@@ -226,7 +226,8 @@ def work(ctx: SweepContext, study: Any, storage: Any, workers: int = 1) -> int:
 def run_trial(ctx: SweepContext, study: Any, storage: Any, trial: Any, parent: str, workers: int) -> None:
     import optuna
 
-    from ablate.train.loop import Diverged, train_run
+    from ablate.train.branches import train_budgets
+    from ablate.train.loop import Diverged
     from ablate.train.pruning import PruningCallback
 
     plan = trial_plan(trial)
@@ -235,13 +236,8 @@ def run_trial(ctx: SweepContext, study: Any, storage: Any, trial: Any, parent: s
     heartbeat = Heartbeat(trial)
     try:
         client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
-        _, run_id = tracking.open_run(
-            client,
-            run,
-            ctx.workspace,
-            parent_run_id=parent,
-            extra_tags={"ablate.trial": str(trial.number), "ablate.study": ctx.study_name},
-        )
+        trial_tags = {"ablate.trial": str(trial.number), "ablate.study": ctx.study_name}
+        _, run_id = tracking.open_run(client, run, ctx.workspace, parent_run_id=parent, extra_tags=trial_tags)
         for key, value in {
             "variant": run.variant,
             "seed": run.seed,
@@ -253,14 +249,22 @@ def run_trial(ctx: SweepContext, study: Any, storage: Any, trial: Any, parent: s
             trial.set_user_attr(key, value)
         _print_progress(ctx, study, run, workers, sampled)
         callbacks = [PruningCallback(trial)] if ctx.search.pruner.get("name", "none") != "none" else []
-        result = train_run(
+
+        def record_budget(budget_run: RunSpec, budget_result: Any) -> None:  # each budget's run, as it ends
+            if run.budgets:
+                trial.set_user_attr(f"budget_run:{budget_run.train.steps}", budget_result.run_id)
+
+        # One training per trial; with budgets (ablate.recipe.budgets) the smaller ones branch off it.
+        result = train_budgets(
             run,
             workspace=ctx.workspace,
             tracking_uri=ctx.tracking_uri,
             parent_run_id=parent,
             progress=ctx.progress,
+            extra_tags=trial_tags,
             callbacks=callbacks,
-        )
+            on_result=record_budget,
+        )[0]
     except Diverged as e:
         heartbeat.stop()
         trial.set_user_attr("failure_reason", f"diverged: {e}")

@@ -4,7 +4,11 @@ Optimiser (Appendix E): AdamW with the recipe's betas, eps and weight decay. Wei
 matrices (embedding, projections, LM head: every parameter with 2 or more dimensions); it does not apply
 to vectors: norm weights and diff attention's λ vectors (decaying λ would pull it towards λ_init's
 re-parameterised zero point, which the paper does not ask for).
-Schedule: linear warmup from 0 over `warmup_steps`, then linear decay to `min_lr` at `steps`.
+Schedule (`train.schedule`): linear warmup from 0 over `warmup_steps`, then either linear decay to `min_lr`
+at `steps` (`linear`, Appendix E) or warmup-stable-decay (`wsd`, Hägele et al. 2024, arXiv 2405.18392):
+constant until `cooldown_start`, then down to `min_lr` over the last `cooldown_fraction` of the steps,
+linearly or as 1 - sqrt(t). Before its cooldown a wsd run's lr does not depend on `steps`, which is what
+lets one long run branch into every shorter budget (ablate.train.branches).
 One optimiser step sees `batch_tokens` tokens (gradient accumulation over micro-batches).
 """
 
@@ -54,6 +58,9 @@ def quiet_lightning() -> None:
     warnings.filterwarnings(
         "ignore", message=".*noload.*loader strategy is deprecated.*"
     )  # MLflow's SQLAlchemy use
+    warnings.filterwarnings(
+        "ignore", message=".*dirpath has changed from.*"
+    )  # a budget's run resuming from its branch point, saved in the longest run's folder
 
 
 class Diverged(RuntimeError):
@@ -61,10 +68,16 @@ class Diverged(RuntimeError):
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Multiplier of `lr` for optimizer step `step` (0-based): linear warmup, then linear decay."""
+    """Multiplier of `lr` for optimizer step `step` (0-based): linear warmup, then the decay of
+    `cfg.schedule` (module docstring)."""
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
     floor = cfg.min_lr / cfg.lr
+    if cfg.schedule == "wsd":
+        if step < cfg.cooldown_start:
+            return 1.0
+        t = min(1.0, (step - cfg.cooldown_start) / cfg.cooldown_steps)  # 0 at the cooldown's first step
+        return floor + (1.0 - floor) * (1.0 - (math.sqrt(t) if cfg.cooldown_shape == "sqrt" else t))
     remaining = max(0.0, (cfg.steps - step) / max(1, cfg.steps - cfg.warmup_steps))
     return floor + (1.0 - floor) * remaining
 
@@ -340,10 +353,13 @@ def train_run(
         },
     )
     result_file = folder / "result.json"
-    if state == "finished" and result_file.exists():
-        return TrainResult(
+    if result_file.exists():  # written (atomically) when training ended: a kill after it loses nothing
+        done = TrainResult(
             **{**json.loads(result_file.read_text()), "status": "already-finished", "run_id": run_id}
         )
+        if state != "finished":  # killed between the result and the MLflow bookkeeping: finish that
+            _finish_in_mlflow(client, run_id, done)
+        return done
     try:
         tokens = _load_data(run, Path(workspace))
         if tokens.vocab_size > run.model.vocab_size:
@@ -367,13 +383,17 @@ def train_run(
         raise
     result.run_id = run_id
     folder.mkdir(parents=True, exist_ok=True)
-    result_file.write_text(
-        json.dumps({k: v for k, v in asdict(result).items() if k not in ("status", "run_id")})
-    )
-    summary = {k: v for k, v in asdict(result).items() if k != "history"}
+    partial = result_file.with_name("result.json.partial")
+    partial.write_text(json.dumps({k: v for k, v in asdict(result).items() if k not in ("status", "run_id")}))
+    partial.replace(result_file)
+    _finish_in_mlflow(client, run_id, result)
+    return result
+
+
+def _finish_in_mlflow(client: Any, run_id: str, result: TrainResult) -> None:
+    summary = {**{k: v for k, v in asdict(result).items() if k != "history"}, "status": "finished"}
     tracking.log_text(client, run_id, json.dumps(summary, indent=2), "final_metrics.json")
     client.set_terminated(run_id, status="FINISHED")
-    return result
 
 
 def train_rank(run: RunSpec, *, workspace: Path) -> TrainResult:

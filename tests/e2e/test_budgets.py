@@ -1,0 +1,155 @@
+"""Token budgets from one run (ablate.train.branches): a budget's cooldown branch is the fresh run of that
+budget, a budgeted sweep survives a killed worker, and its report has a table per budget."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+from mini_project import run_cli, write_recipe
+
+from ablate.core.config import TrainConfig
+from ablate.core.errors import UserError
+from ablate.recipe.resolve import load_recipe
+from ablate.store import tracking
+from ablate.train.branches import train_budgets
+from ablate.train.loop import lr_factor, run_dir, train_run
+
+
+def _train(**changes) -> TrainConfig:
+    base = dict(seq_len=8, batch_tokens=8, micro_batch_size=1, steps=100, lr=1e-3, warmup_steps=10)
+    return TrainConfig(**{**base, **changes})
+
+
+@pytest.mark.parametrize("shape", ["linear", "sqrt"])
+def test_wsd_schedule_is_warmup_constant_then_cooldown(shape):
+    cfg = _train(schedule="wsd", cooldown_fraction=0.25, cooldown_shape=shape, min_lr=1e-4)
+    floor = 0.1
+    for step in range(cfg.steps):
+        if step < 10:
+            want = (step + 1) / 10
+        elif step < 75:
+            want = 1.0
+        else:
+            t = (step - 75) / 25
+            want = floor + (1 - floor) * (1 - (math.sqrt(t) if shape == "sqrt" else t))
+        assert lr_factor(step, cfg) == pytest.approx(want, abs=1e-12), step
+    # a shorter budget's schedule is the longer one's until its own cooldown starts (step 30 of 40)
+    short = _train(schedule="wsd", cooldown_fraction=0.25, cooldown_shape=shape, min_lr=1e-4, steps=40)
+    assert short.cooldown_start == 30
+    assert [lr_factor(s, short) for s in range(30)] == [lr_factor(s, cfg) for s in range(30)]
+    assert lr_factor(30, short) == 1.0 and lr_factor(39, short) < lr_factor(38, short) < 1.0
+    # the paper's linear decay stays the default
+    assert lr_factor(55, _train()) == pytest.approx((100 - 55) / 90)
+
+
+def test_budgets_need_wsd_and_whole_steps(tmp_path):
+    recipe = write_recipe(tmp_path, budgets={"steps": [8, 16]})
+    with pytest.raises(UserError, match=r"budgets: need train.schedule: wsd, got 'linear'"):
+        load_recipe(recipe)
+    recipe = write_recipe(tmp_path, base__train__schedule="wsd", budgets={"tokens": [2048, 3000]})
+    with pytest.raises(
+        UserError, match=r"budgets.tokens: 3000 is not a multiple of train.batch_tokens \(256\)"
+    ):
+        load_recipe(recipe)
+    recipe = write_recipe(tmp_path, base__train__schedule="wsd", budgets={"steps": [2, 16]})
+    with pytest.raises(UserError, match=r"budget of 2 steps would cool down from step 2, with no cooldown"):
+        load_recipe(recipe)
+    recipe = write_recipe(tmp_path, base__train__schedule="wsd", budgets={"tokens": [2048, 4096]})
+    runs = load_recipe(recipe).runs
+    assert {r.budgets for r in runs} == {(8, 16)} and {r.train.steps for r in runs} == {16}
+    assert [b.train.steps for b in runs[0].branches()] == [8]
+
+
+def test_a_budgets_branch_is_the_fresh_run_of_that_budget_bitwise(tmp_path):
+    """The cooldown branch of budget 12 (from step 10 of a 24-step run) and a fresh wsd run of 12 steps,
+    same seed, float32 on one machine: every validation of the cooldown is the same float."""
+    recipe = write_recipe(
+        tmp_path,
+        base__train__schedule="wsd",
+        base__train__val_every=1,
+        base__train__warmup_steps=3,
+        budgets={"steps": [12, 24]},
+    )
+    (run, _) = load_recipe(recipe).runs_for(variants=["diff"]) + [None]
+    results = train_budgets(run, workspace=tmp_path / "branched", progress=False)
+    assert [r.steps for r in results] == [24, 12]
+    branch = results[1]
+    fresh = train_run(run.at_budget(12), workspace=tmp_path / "fresh", progress=False)
+    assert run.at_budget(12).train.cooldown_start == 10  # 12 - round(0.2 x 12)
+    cooldown = {h["step"]: h["val/loss"] for h in fresh.history if h["step"] > 10}
+    branched = {h["step"]: h["val/loss"] for h in branch.history}
+    assert sorted(cooldown) == sorted(branched) == [11, 12]
+    assert branched == cooldown  # == on floats: bitwise
+    # at the branch point itself (step 10) the longest run's validation is the fresh run's
+    longest = {h["step"]: h["val/loss"] for h in results[0].history}
+    assert longest[10] == next(h["val/loss"] for h in fresh.history if h["step"] == 10)
+    # the branch trained its cooldown only, and says where it came from
+    client = mlflow.MlflowClient(tracking.tracking_uri_for(tmp_path / "branched", None))
+    tags = client.get_run(branch.run_id).data.tags
+    assert tags["ablate.branched_from"] == results[0].run_id and tags["ablate.branch_step"] == "10"
+    assert tags["ablate.budget_steps"] == "12" and tags["ablate.budget_tokens"] == str(12 * 256)
+    trained = [m.step for m in client.get_metric_history(branch.run_id, "train/loss")]
+    assert min(trained) == 11 and max(trained) == 12
+
+
+def test_a_killed_budgeted_sweep_resumes_without_retraining_a_finished_budget(tmp_path):
+    recipe = write_recipe(
+        tmp_path,
+        base__train__schedule="wsd",
+        base__train__cooldown_fraction=0.5,
+        base__train__steps=200,
+        base__train__val_every=10,
+        budgets={"steps": [100, 200]},
+        variants={"diff": {"label": "Diff Transformer", "model": {"attention": {"name": "diff"}}}},
+    )
+    workspace = tmp_path / "ws"
+    args = ["sweep", str(recipe), "--yes", "--workspace", str(workspace), "--reports", str(tmp_path / "rep")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ablate.cli", *args],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    runs = workspace / "runs" / "mini"
+    longest = branch = None
+    deadline = time.time() + 240
+    while time.time() < deadline:  # the longest run has finished and the branch is training its cooldown
+        done = [p for p in runs.glob("*/result.json")]
+        if done:
+            longest = done[0].parent
+            branch = next(p for p in runs.iterdir() if p != longest)
+            if (branch / "checkpoints" / "best.ckpt").exists():  # its first validation: mid-cooldown
+                break
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert longest is not None and not (branch / "result.json").exists(), "killed too late"
+    finished = (longest / "result.json").stat().st_mtime_ns
+
+    out = run_cli(*args, cwd=tmp_path, check=True).stdout
+    assert (longest / "result.json").stat().st_mtime_ns == finished  # the finished budget was not retrained
+    assert "steps in" in out and "[already finished]" in out
+    branch_result = json.loads((branch / "result.json").read_text())
+    assert branch_result["steps"] == 100
+    client = mlflow.MlflowClient(tracking.tracking_uri_for(workspace, None))
+    experiment = client.get_experiment_by_name("mini")
+    children = [
+        r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("ablate.role") != "sweep"
+    ]
+    assert sorted(r.data.tags["ablate.budget_steps"] for r in children) == ["100", "200"]
+    assert all(r.info.status == "FINISHED" for r in children)
+    long_run = next(r for r in children if r.data.tags["ablate.budget_steps"] == "200")
+    steps = [m.step for m in client.get_metric_history(long_run.info.run_id, "train/loss")]
+    assert len(steps) == len(set(steps))  # the longest run logged each step once
+    assert run_dir(workspace, load_recipe(recipe).runs[0]) == longest
