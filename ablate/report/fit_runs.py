@@ -14,6 +14,8 @@ Form: `size` (one point per run, its final validation) when the grid has several
 point per validation after warmup of each run: Figure 3b) when it has one size; `joint` (every validation
 of every size) only when asked. A checkpoint inside a run is not a separate run at that token budget
 (the learning rate decays to the run's own end); the output says so and the bootstrap resamples runs.
+A study with token budgets (ablate.recipe.budgets) has such runs: there `tokens` takes one point per
+budget's run (its final validation), and the bootstrap resamples a seed's budgets together.
 
 Per run, `fit_loss_curve` fits `E + A t^-alpha` to its validations after warmup and flags the run as not
 converged when twice the tokens would still lower the loss by 1% or more: the table "Runs" at the end of
@@ -55,6 +57,13 @@ CHECKPOINT_NOTE = (
     "budget would do better; the bootstrap resamples whole runs."
 )
 
+BRANCH_NOTE = (
+    "Each point is one run's final validation loss at its own token budget: the largest budget's runs "
+    "trained from step 0 under warmup-stable-decay, each smaller budget cooled down from its branch point "
+    "(ablate.train.branches), so every point is a run trained to that budget; the bootstrap resamples a "
+    "seed's budgets together (they share the stable phase)."
+)
+
 
 @dataclass
 class FinishedRun:
@@ -70,6 +79,7 @@ class FinishedRun:
     tokens: float  # tokens at the final validation
     curve_fit: Any = None  # LossCurveFit, or None when it could not be fitted
     curve_error: str = ""
+    family: str = ""  # the training it belongs to: a budget's branch counts as its longest run's
 
     @property
     def converged(self) -> bool | None:
@@ -109,7 +119,8 @@ def run_fit_recipe(
         storage_url=storage_url,
         verb="fit",
     )
-    records = collect(ctx, study, with_curves=True)
+    budgeted = recipe.budgets(scale) is not None  # every budget a run of its own (ablate.train.branches)
+    records = collect(ctx, study, with_curves=True, budgets=budgeted)
     finished = [r for r in records if r.state == "finished" and r.run_id]
     if not finished:
         states = ", ".join(f"{n} {s}" for s, n in _count(r.state for r in records).items()) or "no trials"
@@ -136,7 +147,7 @@ def run_fit_recipe(
             "size; use --form size (final losses) or --form joint (every validation)"
         )
 
-    points = _points(runs, form)
+    points = _points(runs, form, budgeted)
     reference = None
     if len(archs) >= 2:
         reference = "transformer" if "transformer" in archs else archs[0]
@@ -149,7 +160,10 @@ def run_fit_recipe(
     for run in runs:
         _fit_curve(run)
     left_out = [r for r in records if not (r.state == "finished" and r.run_id)]
-    report.notes = _notes(ctx, form, runs, points, left_out, params_count)
+    report.notes = _notes(ctx, form, runs, points, left_out, params_count, budgeted)
+    if budgeted:  # a family's points are runs at their own budgets, not checkpoints inside one run
+        for fit in report.archs.values():
+            fit.notes = [n for n in fit.notes if "a checkpoint inside a run" not in n]
     if single and n_boot:
         report.notes.append(
             f"No intervals: {', '.join(single)} {'has' if len(single) == 1 else 'have'} one run, "
@@ -234,6 +248,7 @@ def _finished_run(client: Any, record: Any, params_count: str) -> FinishedRun:
         warmup_tokens=warmup,
         loss=last_loss,
         tokens=last_tokens,
+        family=record.branched_from or record.run_id,
     )
 
 
@@ -245,9 +260,11 @@ def _count(items) -> dict[str, int]:
 
 
 # --- points and per-run curves -----------------------------------------------------------------------------
-def _points(runs: list[FinishedRun], form: str) -> list:
+def _points(runs: list[FinishedRun], form: str, budgeted: bool = False) -> list:
     from ablate.fitting import Point
 
+    if budgeted and form == "tokens":  # one point per budget's run; a seed's budgets resample together
+        return [Point(r.arch, r.params, r.tokens, r.loss, r.family) for r in runs]
     if form == "size":
         return [Point(r.arch, r.params, r.tokens, r.loss, r.run_id) for r in runs]
     # tokens / joint: every validation after warmup (during warmup the curve is not a power law)
@@ -266,7 +283,13 @@ def _fit_curve(run: FinishedRun) -> None:
 
 
 def _notes(
-    ctx: Any, form: str, runs: list[FinishedRun], points: list, left_out: list, params_count: str
+    ctx: Any,
+    form: str,
+    runs: list[FinishedRun],
+    points: list,
+    left_out: list,
+    params_count: str,
+    budgeted: bool = False,
 ) -> list[str]:
     notes = [
         f"Source: {len(runs)} finished runs of the sweep {ctx.study_name!r} (recipe {ctx.recipe.name}, "
@@ -277,6 +300,8 @@ def _notes(
         budgets = sorted({r.tokens for r in runs})
         at = si(budgets[0]) if len(budgets) == 1 else f"{si(budgets[0])}-{si(budgets[-1])}"
         notes.append(f"Each point is one run's final validation loss, at D = {at} tokens.")
+    elif budgeted and form == "tokens":
+        notes.append(f"{BRANCH_NOTE} ({len(points)} points from {len(runs)} runs.)")
     else:
         notes.append(f"{CHECKPOINT_NOTE} ({len(points)} points from {len(runs)} runs.)")
     if left_out:

@@ -43,10 +43,17 @@ class RunRecord:
     curve: list[tuple[float, float]] = field(default_factory=list)  # (tokens, val loss)
     params: dict[str, str] = field(default_factory=dict)  # the run's MLflow params (flattened config)
     layer_curves: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # rms/..., lambda/...
+    branched_from: str = ""  # a budget's run: the MLflow run it branched off (ablate.train.branches)
+
+    @property
+    def tokens(self) -> int:
+        """Training tokens of the run (its budget), from its tags; 0 if not recorded."""
+        return int(self.tags.get("ablate.tokens", 0))
 
 
-def collect(ctx: Any, study: Any, with_curves: bool = True) -> list[RunRecord]:
-    """One record per plan: its latest trial, with the MLflow run's final metrics."""
+def collect(ctx: Any, study: Any, with_curves: bool = True, budgets: bool = False) -> list[RunRecord]:
+    """One record per plan: its latest trial, with the MLflow run's final metrics; with `budgets`, also
+    one record per smaller budget's run of each trial (its branches, ablate.train.branches)."""
     from optuna.trial import TrialState
 
     client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
@@ -75,23 +82,47 @@ def collect(ctx: Any, study: Any, with_curves: bool = True) -> list[RunRecord]:
             searched=searched,
         )
         if record.run_id:
-            run = client.get_run(record.run_id)
-            metrics = run.data.metrics
-            record.values = {name: metrics.get(key, math.nan) for name, key in METRICS}
-            record.values["ar_hit_share"] = metrics.get("val/ar_hit_share", math.nan)
-            record.tags = dict(run.data.tags)
-            record.params = dict(run.data.params)
-            if with_curves:
-                tokens = {m.step: m.value for m in client.get_metric_history(record.run_id, "tokens")}
-                record.curve = [
-                    (tokens.get(m.step, m.step), m.value)
-                    for m in client.get_metric_history(record.run_id, "val/loss")
-                ]
-                record.layer_curves = layer_curves(client, record.run_id, metrics, tokens)
+            _read_run(client, record, with_curves)
         if record.state != "finished":  # a failed run's last numbers are not results
             record.values = {k: math.nan for k in ("valid", "ar_hit", "others", "ar_hit_share")}
         records.append(record)
+        if not budgets:
+            continue
+        for key, run_id in sorted(attrs.items()):
+            if key.startswith("budget_run:") and run_id != record.run_id:
+                branch = RunRecord(
+                    variant=record.variant,
+                    seed=record.seed,
+                    size=record.size,
+                    state="running",
+                    run_id=run_id,
+                    searched=searched,
+                    branched_from=record.run_id or "",
+                )
+                status = _read_run(client, branch, with_curves)
+                branch.state = {"FINISHED": "finished", "FAILED": "failed"}.get(status, "running")
+                if branch.state != "finished":
+                    branch.values = {k: math.nan for k in ("valid", "ar_hit", "others", "ar_hit_share")}
+                records.append(branch)
     return records
+
+
+def _read_run(client: Any, record: RunRecord, with_curves: bool) -> str:
+    """Fill `record` from its MLflow run (final metrics, tags, params, curves); returns the run's status."""
+    run = client.get_run(record.run_id)
+    metrics = run.data.metrics
+    record.values = {name: metrics.get(key, math.nan) for name, key in METRICS}
+    record.values["ar_hit_share"] = metrics.get("val/ar_hit_share", math.nan)
+    record.tags = dict(run.data.tags)
+    record.params = dict(run.data.params)
+    if with_curves:
+        tokens = {m.step: m.value for m in client.get_metric_history(record.run_id, "tokens")}
+        record.curve = [
+            (tokens.get(m.step, m.step), m.value)
+            for m in client.get_metric_history(record.run_id, "val/loss")
+        ]
+        record.layer_curves = layer_curves(client, record.run_id, metrics, tokens)
+    return run.info.status
 
 
 def layer_curves(
@@ -490,6 +521,10 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
     )  # Table 5 / Figure 8 sections when runs were probed (`ablate eval`)
     if task_report.is_task_recipe(ctx):  # Tables 2-3 and Figure 5 of a recipe whose data is a task
         task_report.write_task_report(ctx, records, folder)
+    if ctx.recipe.budgets(ctx.scale) is not None:  # every row at every token budget (ablate.recipe.budgets)
+        from ablate.report.budgets import write_budget_report
+
+        write_budget_report(ctx, study, collect(ctx, study, with_curves=False, budgets=True), folder)
     _attach(ctx, study, folder)
     print(
         f"[report] {folder / 'table.md'}\n\n"

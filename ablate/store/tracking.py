@@ -289,3 +289,13 @@ def log_text(client, run_id: str, text: str, name: str) -> None:
 def log_files(client, run_id: str, paths: list[Path], artifact_path: str | None = None) -> None:
     for path in paths:
         client.log_artifact(run_id, str(path), artifact_path)
+
+
+def read_json_artifact(client, run_id: str, name: str) -> dict[str, Any] | None:
+    """A JSON artifact of a run (e.g. final_metrics.json), or None if it has none."""
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            path = client.download_artifacts(run_id, name, folder)
+        except Exception:  # no such artifact (an unfinished run), or the store cannot serve it
+            return None
+        return json.loads(Path(path).read_text())

@@ -72,9 +72,18 @@ def calibrate(run: RunSpec, repeats: int = 4, *, ops: DeviceOps | None = None) -
     return flops / fastest, precision, why
 
 
+def trained_tokens(run: RunSpec) -> int:
+    """Tokens a trial trains: the run, plus each smaller budget's cooldown (ablate.train.branches)."""
+    cooldowns = sum(b.train.cooldown_steps for b in run.branches())
+    return run.train.tokens + cooldowns * run.train.batch_tokens
+
+
 def make_plan(runs: list[RunSpec]) -> Plan:
-    tokens = sum(r.train.tokens for r in runs)
-    flops = sum(3 * model_budget(r.model, r.train.seq_len).fwd_flops_per_token * r.train.tokens for r in runs)
+    trained = {r: trained_tokens(r) for r in runs}
+    tokens = sum(trained.values())
+    flops = sum(
+        3 * model_budget(r.model, r.train.seq_len).fwd_flops_per_token * n for r, n in trained.items()
+    )
     largest = max(runs, key=lambda r: model_budget(r.model, r.train.seq_len).params)
     flops_per_s, precision, why = calibrate(largest)
     return Plan(

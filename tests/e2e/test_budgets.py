@@ -3,6 +3,7 @@ budget, a budgeted sweep survives a killed worker, and its report has a table pe
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -10,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import mlflow
 import pytest
@@ -153,3 +153,84 @@ def test_a_killed_budgeted_sweep_resumes_without_retraining_a_finished_budget(tm
     steps = [m.step for m in client.get_metric_history(long_run.info.run_id, "train/loss")]
     assert len(steps) == len(set(steps))  # the longest run logged each step once
     assert run_dir(workspace, load_recipe(recipe).runs[0]) == longest
+
+
+def test_a_budgeted_sweep_reports_every_budget_the_gap_and_its_trend(tmp_path, capsys):
+    from ablate.cli import main
+
+    recipe = write_recipe(
+        tmp_path,
+        seeds=[0, 1],
+        base__train__schedule="wsd",
+        base__train__val_every=8,
+        budgets={"steps": [8, 16, 32]},
+    )
+    code = main(
+        [
+            "sweep",
+            str(recipe),
+            "--yes",
+            "--workspace",
+            str(tmp_path / "ws"),
+            "--reports",
+            str(tmp_path / "rep"),
+        ]
+    )
+    assert code == 0
+    folder = tmp_path / "rep" / "mini"
+    runs = list(csv.DictReader(open(folder / "budgets.csv")))
+    assert len(runs) == 2 * 2 * 3 and {r["state"] for r in runs} == {"finished"}
+    assert sorted({int(r["tokens"]) for r in runs}) == [8 * 256, 16 * 256, 32 * 256]
+    longest = {r["mlflow_run_id"] for r in runs if not r["branched_from"]}
+    assert {r["branched_from"] for r in runs if r["branched_from"]} == longest  # each branch names its run
+    assert {r["branch_step"] for r in runs if r["branched_from"]} == {"6", "13"}  # 8 - 2, 16 - 3
+    gaps = list(csv.DictReader(open(folder / "gap_vs_tokens.csv")))
+    assert [(g["variant"], int(g["tokens"])) for g in gaps] == [
+        ("diff", 2048),
+        ("diff", 4096),
+        ("diff", 8192),
+    ]
+    by_key = {(r["variant"], int(r["tokens"]), int(r["seed"])): float(r["valid"]) for r in runs}
+    for g in gaps:  # the paired gap, recomputed here
+        diffs = [
+            by_key[("diff", int(g["tokens"]), s)] - by_key[("transformer", int(g["tokens"]), s)]
+            for s in (0, 1)
+        ]
+        assert float(g["gap"]) == pytest.approx(sum(diffs) / 2, abs=1e-12)
+    (trend,) = list(csv.DictReader(open(folder / "trend.csv")))
+    per_seed = []
+    for s in (0, 1):
+        x = [1.0, 2.0, 3.0]  # log2 of 2048, 4096, 8192 minus 10
+        y = [by_key[("diff", 2048 << i, s)] - by_key[("transformer", 2048 << i, s)] for i in range(3)]
+        mx, my = sum(x) / 3, sum(y) / 3
+        per_seed.append(sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x))
+    assert float(trend["change_per_doubling"]) == pytest.approx(sum(per_seed) / 2, abs=1e-9)
+    assert float(trend["extrapolated_tokens"]) == 10 * 8192 and math.isfinite(
+        float(trend["extrapolated_gap"])
+    )
+    text = (folder / "budgets.md").read_text()
+    assert text.count("### ") == 3 and "per doubling" in text and "Extrapolation" in text
+    assert (folder / "gap_vs_tokens.png").stat().st_size > 0
+    (cost,) = list(csv.DictReader(open(folder / "time.csv")))
+    assert float(cost["trials_over_longest_runs"]) > 1.0
+
+
+def test_fit_over_tokens_of_a_budgeted_study_takes_one_point_per_budget_run(tmp_path):
+    from ablate.cli import main
+
+    recipe = write_recipe(
+        tmp_path,
+        seeds=[0, 1],
+        base__train__schedule="wsd",
+        base__train__val_every=4,
+        budgets={"steps": [8, 16, 32]},
+    )
+    ws = ["--workspace", str(tmp_path / "ws")]
+    assert main(["sweep", str(recipe), "--yes", *ws, "--reports", str(tmp_path / "rep")]) == 0
+    assert main(["fit", str(recipe), *ws, "--out", str(tmp_path / "fit"), "--bootstrap", "20"]) == 0
+    fit = json.loads((tmp_path / "fit" / "fit.json").read_text())
+    assert fit["form"] == "tokens" and fit["source"]["points"] == 2 * 2 * 3  # rows x seeds x budgets
+    assert sorted({r["tokens"] for r in fit["runs"]}) == [2048, 4096, 8192]
+    assert any("its own token budget" in n for n in fit["notes"])
+    assert not any("checkpoint inside" in n for a in fit["archs"].values() for n in a["notes"])
+    assert all(a["n_runs"] == 2 for a in fit["archs"].values())  # a seed's budgets are one resampled unit

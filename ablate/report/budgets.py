@@ -1,0 +1,335 @@
+"""The report of a study with token budgets (ablate.recipe.budgets): where each row's gap goes as tokens grow.
+
+Written beside the main table (which is the largest budget's):
+
+- `budgets.md`: the table at every budget; per row, the paired gap to the reference row at each budget;
+  one line per row on the trend; how it was computed.
+- `budgets.csv`: one row per run at every budget (the branches and the longest runs).
+- `gap_vs_tokens.csv`: per row and budget, the paired difference to the reference row [95% Student-t].
+- `trend.csv`: per row, the paired change of the gap per doubling of tokens over the last budgets, and
+  the fitted curves' gap at 10x the largest budget (an extrapolation, with a paired seed bootstrap).
+- `time.csv`: the trials' time summed against the largest budget's runs' training time.
+- `gap_vs_tokens.png`: each row's gap against tokens (log axis), markers at the budgets, 95% band.
+
+The change per doubling: for each seed, the least-squares slope of (row - reference) against log2(tokens)
+over the last `TREND_BUDGETS` budgets; the mean of those slopes over seeds with a Student-t interval.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ablate.core import plot_style
+from ablate.core.tables import markdown_table, si
+from ablate.report import stats
+
+TREND_BUDGETS = 3  # the last budgets the change per doubling is measured over
+EXTRAPOLATE = 10  # the fitted gap is given at this multiple of the largest budget
+N_BOOT = 1000
+
+
+def by_budget(records: list[Any]) -> dict[int, list[Any]]:
+    groups: dict[int, list[Any]] = defaultdict(list)
+    for r in records:
+        groups[r.tokens].append(r)
+    return dict(sorted(groups.items()))
+
+
+def losses(records: list[Any], variant: str, size: str) -> dict[int, dict[int, float]]:
+    """seed -> {tokens: final validation loss} of one row's finished runs."""
+    out: dict[int, dict[int, float]] = defaultdict(dict)
+    for r in records:
+        if r.variant == variant and r.size == size and r.state == "finished":
+            value = r.values.get("valid", math.nan)
+            if math.isfinite(value):
+                out[r.seed][r.tokens] = value
+    return dict(out)
+
+
+def gap_rows(order: list[str], records: list[Any], labels: dict[str, str]) -> list[dict[str, Any]]:
+    """Per (size, row other than the reference, budget): the paired difference to the reference row."""
+    rows = []
+    for size in sorted({r.size for r in records}):
+        present = [v for v in order if any(r.variant == v and r.size == size for r in records)]
+        if len(present) < 2:
+            continue
+        ref = losses(records, present[0], size)
+        for variant in present[1:]:
+            mine = losses(records, variant, size)
+            for tokens in sorted({t for curve in mine.values() for t in curve}):
+                diff = stats.paired_difference(
+                    {s: c[tokens] for s, c in mine.items() if tokens in c},
+                    {s: c[tokens] for s, c in ref.items() if tokens in c},
+                )
+                rows.append(
+                    {
+                        "variant": variant,
+                        "label": labels[variant],
+                        "reference": present[0],
+                        "size": size,
+                        "tokens": tokens,
+                        "n_seeds": diff.n,
+                        "gap": diff.mean,
+                        "lo": diff.lo,
+                        "hi": diff.hi,
+                        "p_value": diff.p_value,
+                    }
+                )
+    return rows
+
+
+def trend_rows(order: list[str], records: list[Any], labels: dict[str, str]) -> list[dict[str, Any]]:
+    """Per row: the paired change of the gap per doubling over the last budgets, and the fitted gap at
+    EXTRAPOLATE x the largest budget (ablate.fitting.gap)."""
+    from ablate.fitting.gap import fitted_gap
+
+    rows = []
+    for size in sorted({r.size for r in records}):
+        present = [v for v in order if any(r.variant == v and r.size == size for r in records)]
+        if len(present) < 2:
+            continue
+        ref = losses(records, present[0], size)
+        for variant in present[1:]:
+            mine = losses(records, variant, size)
+            budgets = sorted({t for curve in mine.values() for t in curve})
+            last = budgets[-TREND_BUDGETS:]
+            slopes = []
+            for seed in sorted(set(mine) & set(ref)):
+                if all(t in mine[seed] and t in ref[seed] for t in last) and len(last) >= 2:
+                    gaps = [mine[seed][t] - ref[seed][t] for t in last]
+                    slopes.append(float(np.polyfit(np.log2(last), gaps, 1)[0]))
+            slope = stats.mean_ci(slopes)
+            at = EXTRAPOLATE * budgets[-1] if budgets else math.nan
+            fitted = fitted_gap(ref, mine, at, n_boot=N_BOOT) if len(budgets) >= 3 else None
+            rows.append(
+                {
+                    "variant": variant,
+                    "label": labels[variant],
+                    "reference": present[0],
+                    "size": size,
+                    "trend_from_tokens": last[0] if last else math.nan,
+                    "trend_to_tokens": last[-1] if last else math.nan,
+                    "n_seeds": slope.n,
+                    "change_per_doubling": slope.mean,
+                    "change_lo": slope.lo,
+                    "change_hi": slope.hi,
+                    "extrapolated_tokens": at,
+                    "extrapolated_gap": fitted.estimate if fitted else math.nan,
+                    "extrapolated_lo": fitted.lo if fitted else math.nan,
+                    "extrapolated_hi": fitted.hi if fitted else math.nan,
+                    "bootstrap_draws": fitted.n_boot if fitted else 0,
+                }
+            )
+    return rows
+
+
+def trend_sentence(row: dict[str, Any], gap_at_largest: dict[str, Any] | None) -> str:
+    """One line: the gap at the largest budget, whether it is still moving, and the extrapolation."""
+    n = row["n_seeds"]
+    span = f"{si(row['trend_from_tokens'])} to {si(row['trend_to_tokens'])} tokens"
+    change = stats.Interval(row["change_per_doubling"], row["change_lo"], row["change_hi"], n)
+    if n < 2 or not math.isfinite(change.lo):
+        moving = f"change per doubling {stats.format_number(change.mean, sign=True)} ({n} seed: no interval)"
+    else:
+        direction = "shrinking" if (change.hi < 0) == (row["_gap_sign"] > 0) else "growing"
+        verdict = (
+            f"still {direction}"
+            if change.lo > 0 or change.hi < 0
+            else "no change resolved (interval holds 0)"
+        )
+        moving = (
+            f"changes by {stats.format_number(change.mean, sign=True)} [{stats.format_number(change.lo, sign=True)}, "
+            f"{stats.format_number(change.hi, sign=True)}] nats per doubling over {span}: {verdict}"
+        )
+    text = f"**{row['label']}** vs {row['reference_label']}: "
+    if gap_at_largest:
+        text += (
+            f"gap {stats.format_number(gap_at_largest['gap'], sign=True)} "
+            f"[{stats.format_number(gap_at_largest['lo'], sign=True)}, "
+            f"{stats.format_number(gap_at_largest['hi'], sign=True)}] at {si(gap_at_largest['tokens'])} tokens; "
+        )
+    text += moving
+    if math.isfinite(row["extrapolated_gap"]):
+        interval = (
+            f" [{stats.format_number(row['extrapolated_lo'], sign=True)}, "
+            f"{stats.format_number(row['extrapolated_hi'], sign=True)}]"
+            if math.isfinite(row["extrapolated_lo"])
+            else " (no interval: one seed)"
+        )
+        text += (
+            f". Extrapolation (fitted L(D) = E + B D^-β per row, {n} seeds, paired seed bootstrap): "
+            f"{stats.format_number(row['extrapolated_gap'], sign=True)}{interval} at "
+            f"{si(row['extrapolated_tokens'])} tokens"
+        )
+    return text + "."
+
+
+def plot_gaps(gaps: list[dict[str, Any]], order: list[str], path: Path, reference_label: str) -> Path:
+    colors = plot_style.variant_colors(order)
+    fig, ax = plot_style.figure()
+    ax.axhline(0.0, color="0.4", lw=0.8, label=f"{reference_label} (reference)")
+    for variant in order:
+        rows = [g for g in gaps if g["variant"] == variant]
+        if not rows:
+            continue
+        xs = [g["tokens"] for g in rows]
+        plot_style.series(ax, xs, [g["gap"] for g in rows], label=rows[0]["label"], color=colors[variant])
+        lo, hi = [g["lo"] for g in rows], [g["hi"] for g in rows]
+        if all(math.isfinite(v) for v in lo + hi):
+            ax.fill_between(xs, lo, hi, color=colors[variant], alpha=0.15, linewidth=0)
+    ax.set_xscale("log")
+    n = max((g["n_seeds"] for g in gaps), default=0)
+    plot_style.finish(
+        ax,
+        title=f"Paired gap to the reference row at each token budget ({n} seeds)",
+        xlabel="training tokens (log scale)",
+        ylabel="validation loss - reference's (nats/token)",
+    )
+    caption = "Markers: the budgets' mean paired differences; bands: 95% Student-t intervals over seeds."
+    return plot_style.save(fig, path, caption=caption)
+
+
+def time_rows(study: Any, records: list[Any], seconds: dict[str, float]) -> list[dict[str, Any]]:
+    """What the budgets cost: the trials' time summed (Optuna: start to end of each completed trial,
+    training and bookkeeping), against the training time of the largest budget's runs alone."""
+    from ablate.store.study import completed_spans
+
+    trials = sum(
+        (end - start).total_seconds() for start, end in completed_spans(study.get_trials(deepcopy=False))
+    )
+    longest = sum(seconds.get(r.run_id, math.nan) for r in records if not r.branched_from)
+    branches = sum(seconds.get(r.run_id, math.nan) for r in records if r.branched_from)
+    return [
+        {
+            "trials_seconds_summed": round(trials, 1),
+            "longest_runs_train_seconds": round(longest, 1),
+            "branch_runs_train_seconds": round(branches, 1),
+            "trials_over_longest_runs": round(trials / longest, 3) if longest else math.nan,
+        }
+    ]
+
+
+def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) -> list[Path]:
+    """Write the budget files (module doc) into `folder`; returns them."""
+    from ablate.report.table import row_labels, table_rows
+
+    order = list(ctx.recipe.variants)
+    labels = row_labels(ctx)
+    groups = by_budget(records)
+    sections = []
+    for tokens, group in groups.items():
+        headers, rows, _ = table_rows(ctx, group)
+        steps = {r.tags.get("ablate.budget_steps") for r in group} - {None}
+        sections.append(
+            f"### {si(tokens)} tokens ({', '.join(sorted(steps)) or '?'} steps)\n\n{markdown_table(headers, rows)}"
+        )
+    gaps = gap_rows(order, records, labels)
+    trends = trend_rows(order, records, labels)
+    largest = max(groups) if groups else 0
+    lines = []
+    for row in trends:
+        at_largest = next(
+            (
+                g
+                for g in gaps
+                if g["variant"] == row["variant"] and g["size"] == row["size"] and g["tokens"] == largest
+            ),
+            None,
+        )
+        row["reference_label"] = labels[row["reference"]]
+        row["_gap_sign"] = at_largest["gap"] if at_largest else 0.0
+        lines.append("- " + trend_sentence(row, at_largest))
+    gap_table = markdown_table(
+        ["Row", "tokens", "Δ Valid vs reference (paired) [95% CI]", "seeds"],
+        [
+            [
+                g["label"],
+                si(g["tokens"]),
+                stats.format_ci(stats.Interval(g["gap"], g["lo"], g["hi"], g["n_seeds"])),
+                str(g["n_seeds"]),
+            ]
+            for g in gaps
+        ],
+    )
+    seeds = sorted({r.seed for r in records})
+    seconds = train_seconds(ctx, records)
+    (cost,) = time_rows(study, records, seconds)
+    text = (
+        f"# {ctx.recipe.name} at scale {ctx.scale}: every row at {len(groups)} token budgets\n\n"
+        f"Seeds {seeds}; budgets {', '.join(si(t) for t in groups)} tokens. The largest budget's runs trained "
+        "from step 0; each smaller budget is its own run, branched off them at its cooldown start "
+        "(warmup-stable-decay, ablate.train.branches). Δ: row minus the reference row, paired by seed.\n\n"
+        f"## The trend per row\n\n" + "\n".join(lines) + "\n\n"
+        f"Change per doubling: per seed, the least-squares slope of the gap against log2(tokens) over the last "
+        f"{TREND_BUDGETS} budgets; mean over seeds [95% Student-t]. Extrapolation: each row's final losses at "
+        f"every budget fitted with L(D) = E + B D^-β (Huber on log loss), the gap of the fits at {EXTRAPOLATE}x "
+        f"the largest budget, 95% percentile interval over paired resamples of seeds (with {len(seeds)} seeds "
+        f"there are {math.comb(2 * len(seeds) - 1, len(seeds))} distinct resamples); it is a curve's "
+        "prediction beyond the data, not a measurement.\n\n"
+        f"Cost: the trials took {cost['trials_seconds_summed'] / 60:.1f} min summed over workers; the largest "
+        f"budget's runs alone trained {cost['longest_runs_train_seconds'] / 60:.1f} min and the branches "
+        f"{cost['branch_runs_train_seconds'] / 60:.1f} min: all budgets cost {cost['trials_over_longest_runs']:.2f}x "
+        "the largest budget's runs (`time.csv`).\n\n"
+        f"## The gap at each budget\n\n{gap_table}\n\n![gap vs tokens](gap_vs_tokens.png)\n\n"
+        "## The table at each budget\n\n" + "\n\n".join(sections) + "\n"
+    )
+    written = [folder / "budgets.md"]
+    written[0].write_text(text)
+    written.append(_write_csv(folder / "time.csv", [cost]))
+    written.append(_write_csv(folder / "budgets.csv", [_run_row(r, labels, seconds) for r in records]))
+    written.append(_write_csv(folder / "gap_vs_tokens.csv", gaps))
+    written.append(
+        _write_csv(
+            folder / "trend.csv", [{k: v for k, v in t.items() if not k.startswith("_")} for t in trends]
+        )
+    )
+    if gaps:
+        written.append(
+            plot_gaps(gaps, order, folder / "gap_vs_tokens.png", labels[order[0]] if order else "")
+        )
+    return written
+
+
+def _run_row(r: Any, labels: dict[str, str], seconds: dict[str, float]) -> dict[str, Any]:
+    return {
+        "variant": r.variant,
+        "label": labels.get(r.variant, r.variant),
+        "size": r.size,
+        "seed": r.seed,
+        "tokens": r.tokens,
+        "steps": r.tags.get("ablate.budget_steps", ""),
+        "state": r.state,
+        **{k: r.values.get(k, math.nan) for k in ("valid", "ar_hit", "others")},
+        "mlflow_run_id": r.run_id or "",
+        "branched_from": r.branched_from,
+        "branch_step": r.tags.get("ablate.branch_step", ""),
+        "train_seconds": seconds.get(r.run_id, math.nan),
+    }
+
+
+def train_seconds(ctx: Any, records: list[Any]) -> dict[str, float]:
+    """Run id -> its training seconds (final_metrics.json: the Trainer's fit, the last attempt's if resumed)."""
+    from ablate.store import tracking
+
+    client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+    out = {}
+    for r in records:
+        if r.run_id and r.state == "finished":
+            final = tracking.read_json_artifact(client, r.run_id, "final_metrics.json") or {}
+            out[r.run_id] = float(final.get("seconds", math.nan))
+    return out
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
+    with open(path, "w", newline="") as f:
+        fields = list(dict.fromkeys(k for row in rows for k in row))
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
