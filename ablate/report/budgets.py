@@ -17,7 +17,6 @@ over the last `TREND_BUDGETS` budgets; the mean of those slopes over seeds with 
 
 from __future__ import annotations
 
-import csv
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -217,7 +216,7 @@ def time_rows(study: Any, records: list[Any], seconds: dict[str, float]) -> list
 
 def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) -> list[Path]:
     """Write the budget files (module doc) into `folder`; returns them."""
-    from ablate.report.table import row_labels, table_rows
+    from ablate.report.table import row_labels, table_rows, write_csv
 
     order = list(ctx.recipe.variants)
     labels = row_labels(ctx)
@@ -281,11 +280,11 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
     )
     written = [folder / "budgets.md"]
     written[0].write_text(text)
-    written.append(_write_csv(folder / "time.csv", [cost]))
-    written.append(_write_csv(folder / "budgets.csv", [_run_row(r, labels, seconds) for r in records]))
-    written.append(_write_csv(folder / "gap_vs_tokens.csv", gaps))
+    written.append(write_csv(folder / "time.csv", [cost]))
+    written.append(write_csv(folder / "budgets.csv", [_run_row(r, labels, seconds) for r in records]))
+    written.append(write_csv(folder / "gap_vs_tokens.csv", gaps))
     written.append(
-        _write_csv(
+        write_csv(
             folder / "trend.csv", [{k: v for k, v in t.items() if not k.startswith("_")} for t in trends]
         )
     )
@@ -324,12 +323,3 @@ def train_seconds(ctx: Any, records: list[Any]) -> dict[str, float]:
             final = tracking.read_json_artifact(client, r.run_id, "final_metrics.json") or {}
             out[r.run_id] = float(final.get("seconds", math.nan))
     return out
-
-
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
-    with open(path, "w", newline="") as f:
-        fields = list(dict.fromkeys(k for row in rows for k in row))
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-    return path

@@ -90,6 +90,38 @@ def mean_ci(values: Iterable[float], level: float = 0.95) -> Interval:
     return Interval(mean=mean, lo=lo, hi=hi, n=int(x.size), n_excluded=n_bad, level=level)
 
 
+def bounded_mean_ci(
+    values: Iterable[float], lower: float = 0.0, upper: float | None = None, level: float = 0.95
+) -> Interval:
+    """Mean of a bounded quantity with an interval that stays inside its bounds.
+
+    A Student-t interval for the mean of values in [lower, upper] (an accuracy or a share: [0, 1]) can
+    leave the range (accuracies 0.9, 0.6, 0.0 give a lower end of -0.9). Here the t interval is taken on
+    the logit scale ([lower, upper]) or the log scale ([lower, inf)) of the values and mapped back, so it
+    respects the bounds; values on a bound are moved in by 1e-3 of the range first (the logit of 0 or 1 is
+    infinite). The centre stays the arithmetic mean (the interval is widened to hold it if the skew of the
+    transform put it outside). With all values equal the interval is that value.
+    """
+    _check_level(level)
+    x, n_bad = _finite(values)
+    mean = float(x.mean()) if x.size else math.nan
+    if x.size < 2:
+        return Interval(mean=mean, lo=math.nan, hi=math.nan, n=int(x.size), n_excluded=n_bad, level=level)
+    if upper is None:
+        eps = 1e-3 * max(float(np.abs(x - lower).max()), 1e-12)
+        z = np.log(np.maximum(x - lower, eps))
+        _, lo, hi, _ = _t_interval(z, level)
+        lo, hi = lower + math.exp(lo), lower + math.exp(hi)
+    else:
+        width = upper - lower
+        u = np.clip((x - lower) / width, 1e-3, 1 - 1e-3)
+        _, lo, hi, _ = _t_interval(np.log(u / (1 - u)), level)
+        lo, hi = lower + width / (1 + math.exp(-lo)), lower + width / (1 + math.exp(-hi))
+    return Interval(
+        mean=mean, lo=min(lo, mean), hi=max(hi, mean), n=int(x.size), n_excluded=n_bad, level=level
+    )
+
+
 def paired_difference(
     a: Mapping[Hashable, float], b: Mapping[Hashable, float], level: float = 0.95
 ) -> PairedDiff:

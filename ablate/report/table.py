@@ -308,6 +308,57 @@ def table_rows(
 AR_HIT_COLUMNS = ("AR-Hit", "Others", "AR-Hit share")
 
 
+def summary_rows(ctx: Any, records: list[RunRecord]) -> list[dict[str, Any]]:
+    """The table's cells as numbers (summary.csv): per row, each metric's mean and 95% Student-t interval
+    over seeds, the paired difference to the first row with its p-value, and whether it survives Holm's
+    correction over the table's comparisons."""
+    order = list(ctx.recipe.variants)
+    diffs = row_diffs(order, records)
+    tested = [k for k, d in diffs.items() if d.n >= 2]
+    survives = dict(zip(tested, stats.holm([diffs[k].p_value for k in tested])))
+    labels = row_labels(ctx)
+    rows = []
+    for size in sorted({r.size for r in records}, key=lambda s: (s != "", s)):
+        for variant in order:
+            group = [r for r in records if r.size == size and r.variant == variant and r.state == "finished"]
+            if not group:
+                continue
+            row: dict[str, Any] = {
+                "variant": variant,
+                "label": labels[variant],
+                "size": size,
+                "seeds": len(group),
+            }
+            for name in ("valid", "ar_hit", "others", "ar_hit_share"):
+                iv = stats.mean_ci([r.values.get(name, math.nan) for r in group])
+                row.update({f"{name}_mean": iv.mean, f"{name}_lo": iv.lo, f"{name}_hi": iv.hi})
+            d = diffs.get((size, variant))
+            row.update(
+                {
+                    "diff_vs_first": d.mean if d else math.nan,
+                    "diff_lo": d.lo if d else math.nan,
+                    "diff_hi": d.hi if d else math.nan,
+                    "p_value": d.p_value if d else math.nan,
+                    "holm_survives": ""
+                    if (size, variant) not in survives
+                    else str(survives[(size, variant)]).lower(),
+                }
+            )
+            rows.append(row)
+    return rows
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """Rows of dicts as CSV, the columns in order of first appearance."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(
+            f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)) or ["variant"]
+        )
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
 def plot_loss_curves(records: list[RunRecord], labels: dict[str, str], path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -463,7 +514,11 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
     warnings = edge_warnings(records, ctx.search)
     folder.mkdir(parents=True, exist_ok=True)
     honesty = honesty_checks(ctx, all_records, records)
-    headers, rows, csv_rows = table_rows(ctx, records, marks=honesty.marks)
+    headers, rows, _ = table_rows(ctx, records, marks=honesty.marks)
+    csv_rows = table_rows(ctx, all_records)[2]  # every run of the study, every searched point
+    shown = {r.run_id for r in records}
+    for row in csv_rows:
+        row["in_table"] = "yes" if row["mlflow_run_id"] in shown else "no"
     add_convergence_columns(csv_rows, honesty.convergence)
     table = markdown_table(headers, rows)
     title = f"# {ctx.recipe.name} at scale {ctx.scale}\n\n" + "\n\n".join(honesty.header)
@@ -496,11 +551,8 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
     if honesty.layers:
         sections += f"\n## Residual stream: why a row may lag\n\n{honesty.layers}"
     (folder / "table.md").write_text(f"{title}\n\n{table}\n\n" + "\n\n".join(notes) + "\n" + sections)
-    with open(folder / "table.csv", "w", newline="") as f:
-        fields = list(dict.fromkeys(k for row in csv_rows for k in row))
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(csv_rows)
+    write_csv(folder / "table.csv", csv_rows)
+    write_csv(folder / "summary.csv", summary_rows(ctx, records))
     labels = {k: v.label for k, v in ctx.recipe.variants.items()}
     plot_loss_curves(records, labels, folder / "loss_curves.png")
     command = "ablate " + " ".join(sys.argv[1:]) if sys.argv and "ablate" in sys.argv[0] else "ablate sweep"
@@ -510,7 +562,8 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
         f"seeds {sorted({r.seed for r in all_records}) or ctx.seeds})\n- study: `{ctx.study_name}` ({len(all_records)} runs{shown})\n- code version: "
         f"`{tracking.code_version()}`\n- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}\n"
         f"- {study_time(study)}\n- precision: {precisions(all_records)}\n"
-        f"- files: `table.md`, `table.csv` (one row per run), `loss_curves.png`"
+        f"- files: `table.md`, `table.csv` (one row per run of the study; `in_table`: the table's), "
+        "`summary.csv` (the table's cells as numbers), `loss_curves.png`"
         + (", `lr_sensitivity.md`" if honesty.sensitivity else "")
         + "\n"
     )

@@ -6,7 +6,7 @@ model. Writes into the sweep's report folder, beside `table.md`:
 - `task_accuracy.md` / `.csv`: exact-match accuracy per level (the cells' first tag: `level` for
   multi_needle, `pairs` for mqar) and over all levels, mean over seeds [95% Student-t interval], and the
   difference to the first row paired by seed, with its interval (Table 2).
-- `task_attention.md`: attention share on the answer needle's span and on the rest of the context, per
+- `task_attention.md` / `.csv`: attention share on the answer needle's span and on the rest of the context, per
   depth, mean over seeds [95% interval] (Table 3; definition in `ablate.analysis.attention_shares`).
 - `heatmap_<variant>.png`: accuracy per depth x context length, one panel per level, mean over seeds
   (Figure 5).
@@ -91,7 +91,7 @@ def accuracy_table(
         cells_text, diffs_text = [], []
         for title, name in columns:
             mine = _values(metrics, variant, name)
-            iv = stats.mean_ci(mine.values())
+            iv = stats.bounded_mean_ci(mine.values(), 0.0, 1.0)  # an accuracy: the interval stays in [0, 1]
             cells_text.append(stats.format_ci(iv))
             if variant == first:
                 diffs_text.append("(reference)")
@@ -123,7 +123,7 @@ def accuracy_table(
     headers = ["Model", *(t for t, _ in columns)]
     text = (
         "Exact-match accuracy (every answer token right, teacher-forced argmax), mean over seeds "
-        "[95% interval]:\n\n"
+        "[95% Student-t interval on the logit scale, so it stays inside [0, 1]]:\n\n"
         + markdown_table(
             [*headers, "seeds"] + ([f"paper ({' / '.join(levels)})"] if with_paper else []), acc_rows
         )
@@ -136,8 +136,9 @@ def accuracy_table(
 
 def attention_table(
     order: list[str], labels: dict[str, str], metrics: dict[tuple[str, int], dict[str, float]]
-) -> str:
-    """Table 3: answer and noise shares per depth (or overall when the task has no depths)."""
+) -> tuple[str, list[dict[str, Any]]]:
+    """Table 3: answer and noise shares per depth (or overall when the task has no depths): Markdown and
+    CSV rows."""
     depths = sorted(
         {
             name.split("/depth_")[1]
@@ -157,23 +158,32 @@ def attention_table(
         return (
             "No attention shares were logged: the runs' attention components do not implement "
             "`attend_with_maps` (ablate.core.contract), so their maps could not be read."
-        )
+        ), []
     missing = [labels.get(v, v) for v in order if v not in present and any(k[0] == v for k in metrics)]
-    rows = []
+    rows, csv_rows = [], []
     for kind in ("answer", "noise"):
         for variant in present:
-            rows.append(
-                [f"{labels.get(variant, variant)}", kind]
-                + [
-                    stats.format_ci(
-                        stats.mean_ci(_values(metrics, variant, f"attn/{kind}_share{s}").values())
-                    )
-                    for _, s in suffixes
-                ]
-            )
+            cells = []
+            for title, s in suffixes:
+                values = _values(metrics, variant, f"attn/{kind}_share{s}").values()
+                iv = stats.bounded_mean_ci(values, 0.0, None)  # |effective map| mass: >= 0, Diff's can pass 1
+                cells.append(stats.format_ci(iv))
+                csv_rows.append(
+                    {
+                        "variant": variant,
+                        "label": labels.get(variant, variant),
+                        "share": kind,
+                        "depth": title,
+                        "mean": iv.mean,
+                        "lo": iv.lo,
+                        "hi": iv.hi,
+                        "seeds": iv.n,
+                    }
+                )
+            rows.append([f"{labels.get(variant, variant)}", kind, *cells])
     return (
         "Attention share at the positions that produce the answers, averaged over heads and layers, mean "
-        "over seeds [95% interval]. answer: share of |effective map| mass on the answer needle's span; noise: "
+        "over seeds [95% interval on the log scale, so it stays above 0]. answer: share of |effective map| mass on the answer needle's span; noise: "
         "on the rest of the context (softmax: A; Diff: A1 - λ A2). Columns: depth of the answer needle.\n\n"
         + markdown_table(["Model", "share", *(t for t, _ in suffixes)], rows)
         + (
@@ -182,7 +192,7 @@ def attention_table(
             if missing
             else ""
         )
-    )
+    ), csv_rows
 
 
 def heatmap_grids(order: list[str], metrics: dict[tuple[str, int], dict[str, float]]) -> dict[str, Any]:
@@ -276,11 +286,17 @@ def write_task_report(ctx: Any, records: list[Any], folder: Path) -> list[Path]:
         writer = csv.DictWriter(f, fieldnames=list(csv_rows[0]) if csv_rows else ["variant"])
         writer.writeheader()
         writer.writerows(csv_rows)
-    attention = attention_table(order, labels, metrics)
+    attention, attention_rows = attention_table(order, labels, metrics)
     (folder / "task_attention.md").write_text(
         f"# {ctx.recipe.name} at scale {ctx.scale}: attention to answer and noise (Table 3 style)\n\n{attention}\n"
     )
-    written = [folder / "task_accuracy.md", folder / "task_accuracy.csv", folder / "task_attention.md"]
+    with open(folder / "task_attention.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(attention_rows[0]) if attention_rows else ["variant"])
+        writer.writeheader()
+        writer.writerows(attention_rows)
+    written = [
+        folder / f"task_{name}" for name in ("accuracy.md", "accuracy.csv", "attention.md", "attention.csv")
+    ]
     written += plot_heatmaps(order, labels, metrics, folder)
     print(f"[report] {folder / 'task_accuracy.md'}\n\n{accuracy}\n\n{attention}\n", flush=True)
     return written

@@ -41,13 +41,40 @@ def _ci(values) -> tuple[float, float, float]:
     return x.mean(), x.mean() - half, x.mean() + half
 
 
+def _bounded_ci(values, upper: bool) -> tuple[float, float, float]:
+    """Student-t on the logit (values in [0, 1]) or log (values >= 0) scale, mapped back."""
+    x = np.asarray(values, dtype=np.float64)
+    if upper:
+        u = np.clip(x, 1e-3, 1 - 1e-3)
+        _, lo, hi = _ci(np.log(u / (1 - u)))
+        lo, hi = 1 / (1 + math.exp(-lo)), 1 / (1 + math.exp(-hi))
+    else:
+        _, lo, hi = _ci(np.log(np.maximum(x, 1e-3 * x.max())))
+        lo, hi = math.exp(lo), math.exp(hi)
+    return x.mean(), min(lo, x.mean()), max(hi, x.mean())
+
+
+def test_bounded_intervals_stay_inside_their_bounds():
+    from ablate.report.stats import bounded_mean_ci
+
+    for values in ([0.9, 0.6, 0.0], [1.0, 1.0, 0.8], [0.02, 0.0, 0.05], [0.3, 0.5, 0.4, 0.45]):
+        iv = bounded_mean_ci(values, 0.0, 1.0)
+        assert 0.0 <= iv.lo <= iv.mean <= iv.hi <= 1.0
+        assert (iv.mean, iv.lo, iv.hi) == pytest.approx(_bounded_ci(values, True))
+        assert _ci(values)[1] < 0 or _ci(values)[2] > 1 or values[-1] == 0.45  # the t interval would leave
+    iv = bounded_mean_ci([0.01, 0.3, 0.02], 0.0)
+    assert iv.lo > 0 and (iv.mean, iv.lo, iv.hi) == pytest.approx(_bounded_ci([0.01, 0.3, 0.02], False))
+    same = bounded_mean_ci([0.5, 0.5], 0.0, 1.0)
+    assert same.lo == pytest.approx(0.5) and same.hi == pytest.approx(0.5)
+
+
 def test_accuracy_table_means_intervals_and_paired_differences(metrics):
     text, rows = accuracy_table(ORDER, LABELS, metrics)
     assert "level N1R1" in text and "level N6R2" in text and "(reference)" in text
     row = {(r["variant"], r["column"]): r for r in rows}
     for variant in ORDER:
         for column, name in (("level N6R2", "val/accuracy/level_N6R2"), ("all", "val/accuracy")):
-            mean, lo, hi = _ci([metrics[(variant, s)][name] for s in (0, 1, 2)])
+            mean, lo, hi = _bounded_ci([metrics[(variant, s)][name] for s in (0, 1, 2)], upper=True)
             r = row[(variant, column)]
             assert (r["mean"], r["lo"], r["hi"]) == pytest.approx((mean, lo, hi)) and r["seeds"] == 3
     diffs = [
@@ -74,14 +101,18 @@ def test_a_failed_seed_is_left_out_of_the_pairs(metrics):
 
 
 def test_attention_table_per_depth_and_variants_without_maps(metrics):
-    text = attention_table(ORDER, LABELS, metrics)
-    mean, lo, hi = _ci([metrics[("diff", s)]["attn/noise_share/depth_50"] for s in (0, 1, 2)])
+    text, rows = attention_table(ORDER, LABELS, metrics)
+    mean, lo, hi = _bounded_ci(
+        [metrics[("diff", s)]["attn/noise_share/depth_50"] for s in (0, 1, 2)], upper=False
+    )
+    row = next(r for r in rows if r["variant"] == "diff" and r["share"] == "noise" and r["depth"] == "50%")
+    assert (row["mean"], row["lo"], row["hi"]) == pytest.approx((mean, lo, hi))
     noise_row = next(line for line in text.splitlines() if line.startswith("| Diff") and "noise" in line)
     cells = [c.strip() for c in noise_row.strip("|").split("|")]
     assert cells[3] == f"{mean:.3f} [{lo:.3f}, {hi:.3f}]".replace("-", "\u2212")  # columns 0%, 50%, 100%
     assert "Not available for Transformer" in text
     empty = {k: {n: v for n, v in m.items() if not n.startswith("attn/")} for k, m in metrics.items()}
-    assert "No attention shares" in attention_table(ORDER, LABELS, empty)
+    assert "No attention shares" in attention_table(ORDER, LABELS, empty)[0]
 
 
 def test_heatmap_grid_is_the_mean_over_seeds(metrics, tmp_path):
