@@ -279,7 +279,7 @@ def report(
         search: search spec of the sweep
         grace_period: seconds without heartbeat after which a trial's worker counts as dead
     """
-    from ablate.report.table import write_report
+    from ablate.report.write import write_report
     from ablate.store.study import open_study, report_folder
 
     opts = Shared(**options)

@@ -28,6 +28,16 @@ def figure(width: float = 6.4, height: float = 4.4) -> tuple[Any, Any]:
     return fig, fig.add_subplot()
 
 
+def figure_grid(n: int, width: float, height: float) -> tuple[Any, list[Any]]:
+    """(figure, n axes side by side) on an Agg canvas."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=110)
+    FigureCanvasAgg(fig)
+    return fig, [fig.add_subplot(1, n, i + 1) for i in range(n)]
+
+
 def variant_colors(order: Iterable[str]) -> dict[str, str]:
     """Variant -> colour, by its place in the recipe's variant order (the same in every plot)."""
     return {variant: PALETTE[i % len(PALETTE)] for i, variant in enumerate(order)}
@@ -71,13 +81,13 @@ def finish(ax: Any, *, title: str, xlabel: str, ylabel: str, legend: bool = True
         ax.legend(fontsize=8, frameon=False)
 
 
-def save(fig: Any, path: str | Path, caption: str | None = None) -> Path:
-    """Write the PNG; `caption` goes under the axes (what bold and faint lines mean, what a band is)."""
+def save(fig: Any, path: str | Path, caption: str | None = None, tight: bool = True) -> Path:
+    """Write the PNG; `caption` goes under the axes (what the lines, markers and bands are). `tight=False`
+    for a figure laid out by matplotlib's constrained layout."""
     if caption:
         fig.text(0.01, 0.01, caption, fontsize=7, color="0.3", wrap=True)
-        fig.tight_layout(rect=(0, 0.06, 1, 1))
-    else:
-        fig.tight_layout()
+    if tight:
+        fig.tight_layout(rect=(0, 0.06 if caption else 0, 1, 1))
     path = Path(path)
     fig.savefig(path, format="png", metadata={"Software": None})  # no version string: same bytes per data
     return path

@@ -22,7 +22,7 @@ Results: MLflow metrics `probe/<probe>/<name>` (step 0) of the run, and the tags
 A probe's metrics and its tag go in one request, the tag last (MLflow's SQL store commits a batch's
 metrics before its tags): a tagged probe has all its metrics, a run killed mid-eval keeps every probe it
 finished, and a re-run probes exactly what has no tag. (A kill in the instant between those two commits
-leaves untagged metrics that the re-run logs once more, at the same step 0.) Afterwards the report is rewritten (`ablate.report.table.write_report`, which adds the probe tables and
+leaves untagged metrics that the re-run logs once more, at the same step 0.) Afterwards the report is rewritten (`ablate.report.write.write_report`, which adds the probe tables and
 plots of `ablate.report.probes`) and attached to the sweep's MLflow parent run.
 """
 
@@ -260,7 +260,7 @@ def run_eval(
 ) -> EvalSummary:
     """Probe every finished run of `recipe`'s sweep at `scale` (see the module doc), then rewrite the report.
     A second call with the same settings probes nothing and leaves the report as it is."""
-    from ablate.report.table import write_report
+    from ablate.report.write import write_report
     from ablate.store.study import finished_sweep, report_folder
 
     scale = scale or recipe.default_scale

@@ -270,6 +270,14 @@ class RunSpec:
         return cls(**rest, **sections)
 
 
+def row_labels(variants: dict[str, Any]) -> dict[str, str]:
+    """Variant -> its label, with the variant key added where two rows share a label (Table 6 has two
+    'Transformer' rows), so legends and tables tell them apart."""
+    labels = {k: v.label for k, v in variants.items()}
+    counts = {label: list(labels.values()).count(label) for label in labels.values()}
+    return {k: label if counts[label] == 1 else f"{label} [{k}]" for k, label in labels.items()}
+
+
 def sections_as_dict(model: ModelConfig, train: TrainConfig, data: DataConfig) -> dict[str, Any]:
     return {
         "model": model.to_dict(),
@@ -318,6 +326,10 @@ class Recipe:
     @property
     def variants(self) -> dict[str, Variant]:
         return self.file.variants
+
+    @property
+    def row_labels(self) -> dict[str, str]:
+        return row_labels(self.variants)
 
     @property
     def scales(self) -> list[str]:

@@ -1,7 +1,7 @@
 """Scaling plots in the style of the paper's Figure 3: log x-axis, measured points, fitted curves, bands.
 
-Uses matplotlib's object API with the Agg canvas (no pyplot, no global backend switch), so it is safe
-inside servers and worker processes and never opens a window.
+Drawn in the one style of every ablate plot (ablate.core.plot_style): measured points as markers, fitted
+curves as lines, bands as shaded areas.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 
 @dataclass
@@ -36,14 +34,14 @@ def scaling_plot(
     series: Sequence[Series],
     path: str | Path,
     xlabel: str,
-    ylabel: str = "validation loss",
+    ylabel: str = "validation loss (nats/token)",
     title: str | None = None,
     footnote: str | None = None,
 ) -> Path:
     """Write one PNG with every series on a log x-axis; returns the path."""
-    fig = Figure(figsize=(6.4, 4.6), dpi=120)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
+    from ablate.core import plot_style
+
+    fig, ax = plot_style.figure(6.4, 4.6)
     for s in series:
         color = s.color
         if s.curve_x is not None and s.curve_y is not None:
@@ -57,16 +55,5 @@ def scaling_plot(
         if len(s.x):
             ax.scatter(s.x, s.y, color=color, marker=s.marker, s=22, zorder=3, label=label, alpha=s.alpha)
     ax.set_xscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title, fontsize=10)
-    ax.grid(True, which="major", alpha=0.3)
-    if any(s.label for s in series):
-        ax.legend(fontsize=8, frameon=False)
-    if footnote:
-        fig.text(0.01, 0.01, footnote, fontsize=7, color="0.35")
-    fig.tight_layout(rect=(0, 0.03 if footnote else 0, 1, 1))
-    path = Path(path)
-    fig.savefig(path, format="png")
-    return path
+    plot_style.finish(ax, title=title or "", xlabel=xlabel, ylabel=ylabel)
+    return plot_style.save(fig, path, caption=footnote)

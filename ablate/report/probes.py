@@ -145,40 +145,40 @@ def plot_vs_bits(
     columns: list[str],
     path: Path,
 ) -> Path:
-    """Figure 8 style: the group's score against bits (wide to narrow), one line per variant, with the 95%
-    Student-t interval over seeds as error bars."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    """Figure 8 style: the group's score against bits (wide to narrow), one line per row, with the 95%
+    Student-t interval over seeds as error bars when there are two seeds or more."""
+    from ablate.core import plot_style
+    from ablate.recipe.resolve import row_labels
 
     bits = [int(BITS.match(c).group(1)) for c in columns]
-    fig = Figure(figsize=(6, 4.2), dpi=120)  # no pyplot: safe in workers
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    labels = {k: v.label for k, v in ctx.recipe.variants.items()}
-    for i, (size, variant, group_records) in enumerate(_rows(ctx, records)):
+    fig, ax = plot_style.figure(6, 4.2)
+    labels = row_labels(ctx.recipe.variants)  # Table 6's two Transformer rows: the key tells them apart
+    colors = plot_style.variant_colors(ctx.recipe.variants)
+    seeds = 0
+    for size, variant, group_records in _rows(ctx, records):
         cells = [
             stats.mean_ci(
                 [values.get(r.run_id, {}).get(f"{probe}/{group}/{c}", math.nan) for r in group_records]
             )
             for c in columns
         ]
-        means = [c.mean for c in cells]
-        err = [
-            [c.mean - c.lo if c.n >= 2 else 0.0 for c in cells],
-            [c.hi - c.mean if c.n >= 2 else 0.0 for c in cells],
-        ]
+        seeds = max(seeds, *(c.n for c in cells))
         label = labels.get(variant, variant) + (f" ({size})" if size else "")
-        ax.errorbar(bits, means, yerr=err, marker="o", capsize=3, color=f"C{i % 10}", label=label)
+        plot_style.series(ax, bits, [c.mean for c in cells], label=label, color=colors[variant])
+        if all(c.n >= 2 for c in cells):
+            err = [[c.mean - c.lo for c in cells], [c.hi - c.mean for c in cells]]
+            ax.errorbar(bits, [c.mean for c in cells], yerr=err, fmt="none", capsize=3, color=colors[variant])
     ax.set_xticks(sorted(set(bits)))
     ax.invert_xaxis()  # 16 bits on the left, as Figure 8
-    ax.set_xlabel("bits of the attention logits (16 = not quantized)")
-    ax.set_ylabel(f"{group} ({probe})" + (" — lower is better" if group.startswith("loss") else ""))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(f"{probe}: {group} vs bits; mean over seeds, 95% intervals", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    unit = " (nats/token)" if group.startswith("loss") else ""
+    spread = "mean over seeds, 95% Student-t intervals" if seeds >= 2 else "one seed: no intervals"
+    plot_style.finish(
+        ax,
+        title=f"{probe}: {group} vs bits ({spread})",
+        xlabel="bits of the attention logits (16 = not quantized)",
+        ylabel=f"{group}{unit}" + (", lower is better" if group.startswith("loss") else ""),
+    )
+    return plot_style.save(fig, path)
 
 
 def write_probe_report(ctx: Any, records: list[Any], folder: Path) -> list[Path]:

@@ -1,4 +1,4 @@
-"""`ablate report`: the paper-style table of a finished sweep, with honest statistics.
+"""The paper-style table of a finished sweep, with honest statistics (written by `ablate.report.write`).
 
 Reads the study's trials (Optuna) and their runs (MLflow); never imports a model. Writes into
 `<reports>/<recipe>[-<scale>]/`: `table.md`, `table.csv`, `loss_curves.png` and a `README.md` that
@@ -12,18 +12,14 @@ interval excludes zero. Failed runs are listed with their reason and left out of
 from __future__ import annotations
 
 import csv
-import datetime
 import json
 import math
-import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate.core.tables import markdown_table
 from ablate.report import stats
-from ablate.report import tasks as task_report
 from ablate.store import tracking
 
 METRICS = (("valid", "val/loss"), ("ar_hit", "val/ar_hit"), ("others", "val/others"))
@@ -359,37 +355,47 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def plot_loss_curves(records: list[RunRecord], labels: dict[str, str], path: Path) -> Path:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+def plot_loss_curves(
+    records: list[RunRecord], labels: dict[str, str], path: Path, order: list[str] | None = None
+) -> Path:
+    """One line per run through its validations (markers), one colour per variant (its place in the
+    recipe's order, as in every plot of the recipe), one legend entry per variant."""
+    from ablate.core import plot_style
 
-    fig = Figure(figsize=(7, 4.5), dpi=120)  # no pyplot: no global state, safe in workers
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    colors: dict[str, Any] = {}
-    for r in sorted(records, key=lambda r: (r.variant, r.seed)):
+    order = order or list(dict.fromkeys(r.variant for r in records))
+    colors = plot_style.variant_colors(order)
+    fig, ax = plot_style.figure(7, 4.5)
+    named: set[str] = set()
+    for r in sorted(
+        records, key=lambda r: (order.index(r.variant) if r.variant in order else len(order), r.size, r.seed)
+    ):
         if not r.curve:
             continue
         key = r.variant + (f" ({r.size})" if r.size else "")
-        first = key not in colors
-        color = colors.setdefault(key, f"C{len(colors) % 10}")
         xs, ys = zip(*r.curve)
-        ax.plot(
+        plot_style.series(
+            ax,
             xs,
             ys,
-            color=color,
-            alpha=0.9 if first else 0.5,
-            lw=1.4,
-            label=f"{labels.get(r.variant, r.variant)} [{key}]" if first else None,
-        )  # labels may repeat
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("validation loss (nats/token)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title("Validation loss; one line per run, one colour per variant")
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+            label=None
+            if key in named
+            else labels.get(r.variant, r.variant) + (f" ({r.size})" if r.size else ""),
+            color=colors.get(r.variant, "0.5"),
+            alpha=0.8,
+            linewidth=1.1,
+        )
+        named.add(key)
+    seeds = len({r.seed for r in records if r.curve})
+    plot_style.finish(
+        ax,
+        title=f"Validation loss during training ({seeds} seed{'s' * (seeds != 1)})",
+        xlabel="training tokens",
+        ylabel="validation loss (nats/token)",
+    )
+    caption = (
+        "One line per run (seed), markers at its validations; one colour per variant, one legend entry each."
+    )
+    return plot_style.save(fig, path, caption=caption)
 
 
 @dataclass
@@ -439,13 +445,10 @@ def honesty_checks(ctx: Any, all_records: list[RunRecord], records: list[RunReco
 
 
 def row_labels(ctx: Any) -> dict[str, str]:
-    """Variant -> its label, with the variant key added where two rows share a label (Table 6 has two
-    'Transformer' rows)."""
-    labels = {k: v.label for k, v in ctx.recipe.variants.items()}
-    counts = defaultdict(int)
-    for label in labels.values():
-        counts[label] += 1
-    return {k: label if counts[label] == 1 else f"{label} [{k}]" for k, label in labels.items()}
+    """Variant -> its label, unique (ablate.recipe.resolve.row_labels)."""
+    from ablate.recipe.resolve import row_labels as unique_labels
+
+    return unique_labels(ctx.recipe.variants)
 
 
 def add_convergence_columns(csv_rows: list[dict[str, Any]], convergence: dict[str, Any]) -> None:
@@ -503,107 +506,3 @@ def comparisons_note(ctx: Any, records: list[RunRecord]) -> str:
         + f"survive{'s' * (len(kept) == 1)} Holm's correction "
         f"for {len(keys)} comparisons at 5%" + (f": {', '.join(name(k) for k in kept)}." if kept else ".")
     )
-
-
-def write_report(ctx: Any, study: Any, folder: Path) -> Path:
-    records = collect(ctx, study)
-    all_records = records
-    chosen: list[str] = []
-    if any(r.searched for r in records):
-        records, chosen = best_per_variant(records)
-    warnings = edge_warnings(records, ctx.search)
-    folder.mkdir(parents=True, exist_ok=True)
-    honesty = honesty_checks(ctx, all_records, records)
-    headers, rows, _ = table_rows(ctx, records, marks=honesty.marks)
-    csv_rows = table_rows(ctx, all_records)[2]  # every run of the study, every searched point
-    shown = {r.run_id for r in records}
-    for row in csv_rows:
-        row["in_table"] = "yes" if row["mlflow_run_id"] in shown else "no"
-    add_convergence_columns(csv_rows, honesty.convergence)
-    table = markdown_table(headers, rows)
-    title = f"# {ctx.recipe.name} at scale {ctx.scale}\n\n" + "\n\n".join(honesty.header)
-    notes = [
-        "Cells: mean over seeds [95% Student-t interval]. Δ: paired by seed against the first row; "
-        "* when the interval excludes 0."
-        + (
-            " AR-Hit: loss on tokens that complete a bigram seen earlier in the same sequence; Others: every "
-            "other token; the share column is AR-Hit's share of tokens."
-            if "AR-Hit" in headers
-            else ""
-        )
-    ]
-    comparisons = comparisons_note(ctx, records)
-    if comparisons:
-        notes.append(comparisons)
-    if any(r.state != "finished" for r in records):
-        notes.append("Failed or pruned runs are counted in the seeds column and left out of the statistics.")
-    if chosen:
-        notes.append("Best over the search per variant: " + "; ".join(chosen) + ".")
-    notes += [f"WARNING: {w}" for w in warnings]
-    notes += honesty.notes
-    sections = ""
-    if honesty.sensitivity:
-        (folder / "lr_sensitivity.md").write_text(
-            f"# {ctx.recipe.name} at scale {ctx.scale}: sensitivity to the "
-            f"searched grid\n\n{honesty.sensitivity}"
-        )
-        sections = f"\n## Sensitivity to the searched grid\n\n{honesty.sensitivity}"
-    if honesty.layers:
-        sections += f"\n## Residual stream: why a row may lag\n\n{honesty.layers}"
-    (folder / "table.md").write_text(f"{title}\n\n{table}\n\n" + "\n\n".join(notes) + "\n" + sections)
-    write_csv(folder / "table.csv", csv_rows)
-    write_csv(folder / "summary.csv", summary_rows(ctx, records))
-    labels = {k: v.label for k, v in ctx.recipe.variants.items()}
-    plot_loss_curves(records, labels, folder / "loss_curves.png")
-    command = "ablate " + " ".join(sys.argv[1:]) if sys.argv and "ablate" in sys.argv[0] else "ablate sweep"
-    shown = f"; the table shows each variant's best, {len(records)} runs" if chosen else ""
-    (folder / "README.md").write_text(
-        f"# How this report was made\n\n- command: `{command}`\n- recipe: `{ctx.recipe.path}` (scale `{ctx.scale}`, "
-        f"seeds {sorted({r.seed for r in all_records}) or ctx.seeds})\n- study: `{ctx.study_name}` ({len(all_records)} runs{shown})\n- code version: "
-        f"`{tracking.code_version()}`\n- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}\n"
-        f"- {study_time(study)}\n- precision: {precisions(all_records)}\n"
-        f"- files: `table.md`, `table.csv` (one row per run of the study; `in_table`: the table's), "
-        "`summary.csv` (the table's cells as numbers), `loss_curves.png`"
-        + (", `lr_sensitivity.md`" if honesty.sensitivity else "")
-        + "\n"
-    )
-    from ablate.report.probes import write_probe_report
-
-    write_probe_report(
-        ctx, records, folder
-    )  # Table 5 / Figure 8 sections when runs were probed (`ablate eval`)
-    if task_report.is_task_recipe(ctx):  # Tables 2-3 and Figure 5 of a recipe whose data is a task
-        task_report.write_task_report(ctx, records, folder)
-    if ctx.recipe.budgets(ctx.scale) is not None:  # every row at every token budget (ablate.recipe.budgets)
-        from ablate.report.budgets import write_budget_report
-
-        write_budget_report(ctx, study, collect(ctx, study, with_curves=False, budgets=True), folder)
-    _attach(ctx, study, folder)
-    print(
-        f"[report] {folder / 'table.md'}\n\n"
-        + "\n".join(honesty.header)
-        + f"\n\n{table}\n"
-        + "".join(f"\n{n}" for n in honesty.notes)
-        + (f"\n\n{honesty.sensitivity}" if honesty.sensitivity else ""),
-        flush=True,
-    )
-    return folder
-
-
-def _attach(ctx: Any, study: Any, folder: Path) -> None:
-    parent = study.user_attrs.get("mlflow_parent_run_id")
-    if not parent:
-        return
-    client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
-    tracking.log_files(client, parent, sorted(folder.iterdir()), artifact_path="report")
-    done, total = _counts(study)
-    tracking.log_metrics(client, parent, {"trials_finished": done, "trials": total}, step=0)
-    if done == total:
-        client.set_terminated(parent, status="FINISHED")
-
-
-def _counts(study: Any) -> tuple[int, int]:
-    from ablate.store.study import progress_counts
-
-    done, total, _ = progress_counts(study)
-    return done, total

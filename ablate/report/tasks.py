@@ -237,14 +237,12 @@ def plot_heatmaps(
     order: list[str], labels: dict[str, str], metrics: dict[tuple[str, int], dict[str, float]], folder: Path
 ) -> list[Path]:
     """Figure 5: one PNG per variant, depth (rows) x length (columns) accuracy, one panel per level."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from ablate.core import plot_style
 
     paths = []
     for variant, h in heatmap_grids(order, metrics).items():
-        fig = Figure(figsize=(3.2 * len(h["levels"]) + 1, 3.2), dpi=120, layout="constrained")  # no overlaps
-        FigureCanvasAgg(fig)
-        axes = fig.subplots(1, len(h["levels"]), squeeze=False)[0]
+        fig, axes = plot_style.figure_grid(len(h["levels"]), 3.2 * len(h["levels"]) + 1, 3.2)
+        fig.set_layout_engine("constrained")  # the colorbar and panel titles without overlaps
         image = None
         for ax, level, grid in zip(axes, h["levels"], h["grids"]):
             image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
@@ -258,13 +256,11 @@ def plot_heatmaps(
             ax.set_title(f"{h['level_key']} {level}" if h["level_key"] else "", fontsize=9)
         axes[0].set_ylabel("answer depth")
         if image is not None:
-            fig.colorbar(image, ax=list(axes), shrink=0.8, label="accuracy")
+            fig.colorbar(image, ax=list(axes), shrink=0.8, label="exact-match accuracy (0-1)")
         fig.suptitle(
             f"{labels.get(variant, variant)}: exact match, mean over {h['seeds']} seed(s)", fontsize=10
         )
-        path = folder / f"heatmap_{variant}.png"
-        fig.savefig(path)
-        paths.append(path)
+        paths.append(plot_style.save(fig, folder / f"heatmap_{variant}.png", tight=False))
     return paths
 
 

@@ -417,7 +417,7 @@ def run_sweep(
     With `train=False` it only enqueues the trials and creates the MLflow parent run: `ablate worker`s on
     other machines train them, and `ablate report` writes the report afterwards.
     """
-    from ablate.report.table import write_report
+    from ablate.report.write import write_report
 
     study, storage = open_study(ctx)
     plans = ctx.plans()

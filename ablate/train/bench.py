@@ -584,49 +584,50 @@ def _plot(
     path: Path,
 ) -> Path:
     """Throughputs and memory per variant, and each variant's training ratio to the first beside its
-    FLOP ceilings (dense)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    FLOP ceilings (dense). Every axis starts at zero; a single sequence length draws markers, not lines."""
+    from ablate.core import plot_style
 
-    fig = Figure(figsize=(16, 3.9), dpi=110)
-    FigureCanvasAgg(fig)
+    fig, axes = plot_style.figure_grid(4, 16, 3.9)
+    colors = plot_style.variant_colors(variants)
     panels = [
-        ("train_tok_s", "training tokens/s"),
-        ("fwd_tok_s", "forward tokens/s"),
-        ("peak_mem_mb", "peak MB (growth in a training step)"),
+        ("train_tok_s", "training throughput (tokens/s)"),
+        ("fwd_tok_s", "forward throughput (tokens/s)"),
+        ("peak_mem_mb", "peak memory growth in a step (MB)"),
     ]
     series = {v: sorted((r["seq_len"], r) for r in rows if r["variant"] == v) for v in variants}
     for i, (key, label) in enumerate(panels):
-        ax = fig.add_subplot(1, 4, i + 1)
+        ax = axes[i]
         for variant in variants:
-            ax.plot(
-                [n for n, _ in series[variant]],
-                [r[key] for _, r in series[variant]],
-                marker="o",
-                label=variant,
+            xs = [n for n, _ in series[variant]]
+            plot_style.series(
+                ax, xs, [r[key] for _, r in series[variant]], label=variant, color=colors[variant]
             )
         ax.set_xscale("log", base=2)
         ax.set_ylim(0, 1.1 * max(r[key] for r in rows))  # from zero: a 3% difference should look like one
-        ax.set_xlabel("sequence length")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        if i == 0:
-            ax.legend()
-    ax = fig.add_subplot(1, 4, 4)
+        plot_style.finish(ax, title=label, xlabel="sequence length (tokens)", ylabel=label, legend=i == 0)
+    ax = axes[3]
     reference = dict(series[variants[0]])
+    top = 1.0
     for variant in variants[1:]:
         lens = [n for n, _ in series[variant]]
         ratio = [r["train_tok_s"] / reference[n]["train_tok_s"] for n, r in series[variant]]
-        ax.plot(lens, ratio, marker="o", label=f"{variant} / {variants[0]} (training)")
-        for form in ceilings[variant][lens[0]]:
-            ax.plot(
-                lens, [ceilings[variant][n][form][0] for n in lens], linestyle="--", label=f"ceiling: {form}"
+        plot_style.series(
+            ax, lens, ratio, label=f"{variant} / {variants[0]} (training)", color=colors[variant]
+        )
+        for j, form in enumerate(ceilings[variant][lens[0]]):
+            values = [ceilings[variant][n][form][0] for n in lens]
+            plot_style.series(
+                ax, lens, values, label=f"ceiling: {form}", color=f"0.{3 + 2 * j}", linestyle="--", marker="x"
             )
+            top = max(top, *values)
+        top = max(top, *ratio)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("sequence length")
-    ax.set_ylabel("throughput ratio")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    ax.set_ylim(0, 1.1 * top)  # from zero, as the other panels
+    plot_style.finish(
+        ax,
+        title="training throughput ratio to the first variant",
+        xlabel="sequence length (tokens)",
+        ylabel="throughput ratio",
+    )
+    ax.legend(fontsize=6, frameon=False)
+    return plot_style.save(fig, path)

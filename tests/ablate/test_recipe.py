@@ -198,7 +198,11 @@ def test_imports_given_as_one_string(tmp_path, capsys, monkeypatch):
 def test_unknown_scale_on_the_command_line(capsys):
     code, out, err = run_cli(capsys, "check", TABLE6, "--scale", "tiyn")
     assert_one_line_error(
-        code, err, "--scale: unknown scale 'tiyn'", "did you mean 'tiny'?", "scales: cpu, paper, small, tiny"
+        code,
+        err,
+        "--scale: unknown scale 'tiyn'",
+        "did you mean 'tiny'?",
+        "scales: cpu, cpu-tokens, paper, small, tiny",
     )
 
 

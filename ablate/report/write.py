@@ -1,0 +1,136 @@
+"""`ablate report`: write a finished sweep's report folder, every part of it, and attach it to MLflow.
+
+The table and its checks come from `ablate.report.table`; the probe sections (`ablate.report.probes`),
+a task recipe's tables (`ablate.report.tasks`) and a budgeted study's trend (`ablate.report.budgets`) are
+added when the runs have them. This module is the one that knows all parts, so the parts need not know
+each other.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from pathlib import Path
+from typing import Any
+
+from ablate.core.tables import markdown_table
+from ablate.report import tasks as task_report
+from ablate.report.table import (
+    add_convergence_columns,
+    best_per_variant,
+    collect,
+    comparisons_note,
+    edge_warnings,
+    honesty_checks,
+    plot_loss_curves,
+    precisions,
+    row_labels,
+    study_time,
+    summary_rows,
+    table_rows,
+    write_csv,
+)
+from ablate.store import tracking
+
+
+def write_report(ctx: Any, study: Any, folder: Path) -> Path:
+    records = collect(ctx, study)
+    all_records = records
+    chosen: list[str] = []
+    if any(r.searched for r in records):
+        records, chosen = best_per_variant(records)
+    warnings = edge_warnings(records, ctx.search)
+    folder.mkdir(parents=True, exist_ok=True)
+    honesty = honesty_checks(ctx, all_records, records)
+    headers, rows, _ = table_rows(ctx, records, marks=honesty.marks)
+    csv_rows = table_rows(ctx, all_records)[2]  # every run of the study, every searched point
+    shown = {r.run_id for r in records}
+    for row in csv_rows:
+        row["in_table"] = "yes" if row["mlflow_run_id"] in shown else "no"
+    add_convergence_columns(csv_rows, honesty.convergence)
+    table = markdown_table(headers, rows)
+    title = f"# {ctx.recipe.name} at scale {ctx.scale}\n\n" + "\n\n".join(honesty.header)
+    notes = [
+        "Cells: mean over seeds [95% Student-t interval]. Δ: paired by seed against the first row; "
+        "* when the interval excludes 0."
+        + (
+            " AR-Hit: loss on tokens that complete a bigram seen earlier in the same sequence; Others: every "
+            "other token; the share column is AR-Hit's share of tokens."
+            if "AR-Hit" in headers
+            else ""
+        )
+    ]
+    comparisons = comparisons_note(ctx, records)
+    if comparisons:
+        notes.append(comparisons)
+    if any(r.state != "finished" for r in records):
+        notes.append("Failed or pruned runs are counted in the seeds column and left out of the statistics.")
+    if chosen:
+        notes.append("Best over the search per variant: " + "; ".join(chosen) + ".")
+    notes += [f"WARNING: {w}" for w in warnings]
+    notes += honesty.notes
+    sections = ""
+    if honesty.sensitivity:
+        (folder / "lr_sensitivity.md").write_text(
+            f"# {ctx.recipe.name} at scale {ctx.scale}: sensitivity to the "
+            f"searched grid\n\n{honesty.sensitivity}"
+        )
+        sections = f"\n## Sensitivity to the searched grid\n\n{honesty.sensitivity}"
+    if honesty.layers:
+        sections += f"\n## Residual stream: why a row may lag\n\n{honesty.layers}"
+    (folder / "table.md").write_text(f"{title}\n\n{table}\n\n" + "\n\n".join(notes) + "\n" + sections)
+    write_csv(folder / "table.csv", csv_rows)
+    write_csv(folder / "summary.csv", summary_rows(ctx, records))
+    plot_loss_curves(records, row_labels(ctx), folder / "loss_curves.png", list(ctx.recipe.variants))
+    command = "ablate " + " ".join(sys.argv[1:]) if sys.argv and "ablate" in sys.argv[0] else "ablate sweep"
+    shown = f"; the table shows each variant's best, {len(records)} runs" if chosen else ""
+    (folder / "README.md").write_text(
+        f"# How this report was made\n\n- command: `{command}`\n- recipe: `{ctx.recipe.path}` (scale `{ctx.scale}`, "
+        f"seeds {sorted({r.seed for r in all_records}) or ctx.seeds})\n- study: `{ctx.study_name}` ({len(all_records)} runs{shown})\n- code version: "
+        f"`{tracking.code_version()}`\n- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}\n"
+        f"- {study_time(study)}\n- precision: {precisions(all_records)}\n"
+        f"- files: `table.md`, `table.csv` (one row per run of the study; `in_table`: the table's), "
+        "`summary.csv` (the table's cells as numbers), `loss_curves.png`"
+        + (", `lr_sensitivity.md`" if honesty.sensitivity else "")
+        + "\n"
+    )
+    from ablate.report.probes import write_probe_report
+
+    write_probe_report(
+        ctx, records, folder
+    )  # Table 5 / Figure 8 sections when runs were probed (`ablate eval`)
+    if task_report.is_task_recipe(ctx):  # Tables 2-3 and Figure 5 of a recipe whose data is a task
+        task_report.write_task_report(ctx, records, folder)
+    if ctx.recipe.budgets(ctx.scale) is not None:  # every row at every token budget (ablate.recipe.budgets)
+        from ablate.report.budgets import write_budget_report
+
+        write_budget_report(ctx, study, collect(ctx, study, with_curves=False, budgets=True), folder)
+    _attach(ctx, study, folder)
+    print(
+        f"[report] {folder / 'table.md'}\n\n"
+        + "\n".join(honesty.header)
+        + f"\n\n{table}\n"
+        + "".join(f"\n{n}" for n in honesty.notes)
+        + (f"\n\n{honesty.sensitivity}" if honesty.sensitivity else ""),
+        flush=True,
+    )
+    return folder
+
+
+def _attach(ctx: Any, study: Any, folder: Path) -> None:
+    parent = study.user_attrs.get("mlflow_parent_run_id")
+    if not parent:
+        return
+    client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+    tracking.log_files(client, parent, sorted(folder.iterdir()), artifact_path="report")
+    done, total = _counts(study)
+    tracking.log_metrics(client, parent, {"trials_finished": done, "trials": total}, step=0)
+    if done == total:
+        client.set_terminated(parent, status="FINISHED")
+
+
+def _counts(study: Any) -> tuple[int, int]:
+    from ablate.store.study import progress_counts
+
+    done, total, _ = progress_counts(study)
+    return done, total
