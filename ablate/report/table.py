@@ -324,6 +324,7 @@ def summary_rows(ctx: Any, records: list[RunRecord]) -> list[dict[str, Any]]:
                 "label": labels[variant],
                 "size": size,
                 "seeds": len(group),
+                "tokens": max(r.tokens for r in group),  # training tokens per run (the `ablate.tokens` tag)
             }
             for name in ("valid", "ar_hit", "others", "ar_hit_share"):
                 iv = stats.mean_ci([r.values.get(name, math.nan) for r in group])
@@ -341,6 +342,24 @@ def summary_rows(ctx: Any, records: list[RunRecord]) -> list[dict[str, Any]]:
                 }
             )
             rows.append(row)
+    return rows
+
+
+def paper_rows(ctx: Any) -> list[dict[str, Any]]:
+    """The paper's numbers the recipe quotes per row (`variants.<v>.paper`), with each metric's difference
+    to the first row (paper.csv), and the paper's setting when the recipe names it (`paper_reference`)."""
+    order = [v for v, spec in ctx.recipe.variants.items() if spec.paper]
+    if not order:
+        return []
+    first = ctx.recipe.variants[order[0]].paper
+    rows = []
+    for variant in order:
+        paper = ctx.recipe.variants[variant].paper
+        row: dict[str, Any] = {"variant": variant, "label": row_labels(ctx)[variant]}
+        for metric, value in paper.items():
+            row[f"paper_{metric}"] = value
+            row[f"paper_{metric}_vs_first"] = round(value - first[metric], 6) if metric in first else math.nan
+        rows.append(row)
     return rows
 
 
@@ -422,6 +441,13 @@ def honesty_checks(ctx: Any, all_records: list[RunRecord], records: list[RunReco
             groups[(r.size, r.variant)].append(convergence[r.run_id])
     marks = {key: mark for key, cs in groups.items() if (mark := rc.row_mark(cs))}
     purpose = rc.scale_purpose(ctx.recipe.scale_overlay(ctx.scale).purpose, ctx.scale)
+    searched = sorted({k[len("base.") :] for r in all_records for k in r.searched})
+    if searched:  # the scale's purpose line describes its seeded table, not a search at that scale
+        seeds = sorted({r.seed for r in all_records})
+        purpose = (
+            f"A search over {', '.join(searched)} at scale {ctx.scale}, seed{'s' * (len(seeds) != 1)} "
+            f"{', '.join(map(str, seeds))}: it chooses the setting; each row is shown at its best point."
+        )
     header = ([purpose] if purpose else []) + [
         rc.tokens_and_convergence(records, convergence),
         rc.lr_protocol(records, searched=any(r.searched for r in all_records)),

@@ -22,6 +22,7 @@ from ablate.report.table import (
     comparisons_note,
     edge_warnings,
     honesty_checks,
+    paper_rows,
     plot_loss_curves,
     precisions,
     row_labels,
@@ -81,6 +82,8 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
     (folder / "table.md").write_text(f"{title}\n\n{table}\n\n" + "\n\n".join(notes) + "\n" + sections)
     write_csv(folder / "table.csv", csv_rows)
     write_csv(folder / "summary.csv", summary_rows(ctx, records))
+    if paper := paper_rows(ctx):
+        write_csv(folder / "paper.csv", paper)
     plot_loss_curves(records, row_labels(ctx), folder / "loss_curves.png", list(ctx.recipe.variants))
     command = "ablate " + " ".join(sys.argv[1:]) if sys.argv and "ablate" in sys.argv[0] else "ablate sweep"
     shown = f"; the table shows each variant's best, {len(records)} runs" if chosen else ""

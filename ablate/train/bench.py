@@ -267,6 +267,8 @@ def run_bench(
         (foreign_share, repeated),
     )
     (folder / "bench.md").write_text(text)
+    ratio_rows = ratios(rows, variants, backends_used, ceilings)
+    _write_rows(ratio_rows, folder / "ratios.csv")
     _plot(rows, variants, ceilings, folder / "bench.png")
     say(text)
     return folder
@@ -474,6 +476,46 @@ def _rows(arms: list[Arm], peak: float) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def ratios(
+    rows: list[dict[str, Any]],
+    variants: list[str],
+    kernels: dict[str, str],
+    ceilings: dict[str, dict[int, dict[str, tuple[float, float]]]] | None = None,
+) -> list[dict[str, Any]]:
+    """ratios.csv: per variant after the first and sequence length, its training, forward and peak-memory
+    ratios to the first variant (the reference) at the kernel each used, and the FLOP ceilings."""
+    by = {(r["variant"], r["seq_len"]): r for r in rows}
+    out = []
+    for variant in variants[1:]:
+        for n in sorted({r["seq_len"] for r in rows if r["variant"] == variant}):
+            mine, ref = by[(variant, n)], by.get((variants[0], n))
+            if ref is None:
+                continue
+            row = {
+                "variant": variant,
+                "reference": variants[0],
+                "seq_len": n,
+                "kernel": kernels.get(variant, ""),
+                "reference_kernel": kernels.get(variants[0], ""),
+                "train_ratio": round(mine["train_tok_s"] / ref["train_tok_s"], 4),
+                "fwd_ratio": round(mine["fwd_tok_s"] / ref["fwd_tok_s"], 4),
+                "peak_mem_ratio": round(mine["peak_mem_mb"] / ref["peak_mem_mb"], 4),
+            }
+            for form, (dense, causal) in ((ceilings or {}).get(variant, {}).get(n, {})).items():
+                row[f"ceiling_dense: {form}"], row[f"ceiling_causal: {form}"] = round(dense, 4), round(causal, 4)
+            out.append(row)
+    return out
+
+
+def _write_rows(rows: list[dict[str, Any]], path: Path) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)) or ["variant"])
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:

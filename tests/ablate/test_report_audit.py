@@ -2,7 +2,7 @@
 
 A number is a decimal written in the prose (`0.282`, `26.1 min`, `1.8x`, `+0.091`): integers are counts
 (seeds, runs, steps) and are left out, as is anything in backticks or a code block (commands, paths,
-versions) and the date line. It is found when some CSV value of the folder (the top-level
+versions) and the generated provenance lines (date, wall-clock). It is found when some CSV value of the folder (the top-level
 reports/README.md: of every report folder) rounds to it at the README's number of decimals, as written,
 as a magnitude (a cost quoted without its sign), as a percentage, or as minutes of a value in seconds.
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
-NUMBER = re.compile(r"(?<![\w.])[-+−]?\d+\.\d+(?![\w.]*\d)")
+NUMBER = re.compile(r"(?<![\w.])[-+−]?\d+\.\d+(?:[KMB](?![a-zA-Z]))?(?![\w.]*\d)")
+SCALE = {"K": 1e3, "M": 1e6, "B": 1e9}
 
 
 def prose(text: str) -> str:
@@ -25,7 +26,8 @@ def prose(text: str) -> str:
     text = re.sub(r"^    .*$", " ", text, flags=re.M)  # indented code
     text = re.sub(r"`[^`]*`", " ", text)  # code spans
     text = re.sub(r"\]\([^)]*\)", "]", text)  # link targets
-    return "\n".join(line for line in text.splitlines() if not line.startswith("- date:"))
+    provenance = ("- date:", "- wall-clock:")  # when and how long: about the run of the study, not results
+    return "\n".join(line for line in text.splitlines() if not line.startswith(provenance))
 
 
 def quoted_numbers(text: str) -> list[str]:
@@ -41,7 +43,8 @@ def csv_values(folders: list[Path]) -> list[float]:
                     for cell in row:
                         try:
                             value = float(cell)
-                        except ValueError:
+                        except ValueError:  # a text cell (a row's label: "with λ_init = 0.8") counts too
+                            values += [float(n) for n in re.findall(r"\d+\.\d+", cell)]
                             continue
                         if math.isfinite(value):
                             values.append(value)
@@ -49,9 +52,11 @@ def csv_values(folders: list[Path]) -> list[float]:
 
 
 def found(number: str, values: list[float]) -> bool:
-    x = float(number)
+    scale = SCALE.get(number[-1], 1.0)  # 2.05M: 2,050,000 to three significant digits
+    number = number.rstrip("KMB")
+    x = float(number) * scale
     decimals = len(number.split(".")[1])
-    tolerance = 0.5 * 10**-decimals + 1e-12
+    tolerance = (0.5 * 10**-decimals + 1e-12) * scale
     for v in values:
         for candidate in (v, abs(v), 100 * v, 100 * abs(v), v / 60):
             if abs(candidate - x) <= tolerance or abs(candidate - abs(x)) <= tolerance:
@@ -78,14 +83,8 @@ def test_every_number_a_report_readme_quotes_is_in_its_csvs(readme, folders):
 
 
 def test_the_audit_finds_what_it_should():
-    text = "Diff trails by +0.282 [0.237, 0.327] in 26.1 min; `--lr 3e-4` and 1.8x, 3 seeds.\n- date: 2026.11"
-    assert quoted_numbers(text) == ["+0.282", "0.237", "0.327", "26.1", "1.8"]
-    values = [0.2824, -0.237, 0.3271, 1566.0, 0.018]
-    assert [found(n, values) for n in ["+0.282", "0.237", "0.327", "26.1", "1.8", "0.5"]] == [
-        True,
-        True,
-        True,
-        True,
-        True,
-        False,
-    ]
+    text = "Diff trails by +0.282 [0.237, 0.327] in 26.1 min at 2.05M tokens; `--lr 3e-4`, 1.8x.\n- date: 2026.11"
+    assert quoted_numbers(text) == ["+0.282", "0.237", "0.327", "26.1", "2.05M", "1.8"]
+    values = [0.2824, -0.237, 0.3271, 1566.0, 0.018, 2048000]
+    checks = ["+0.282", "0.237", "0.327", "26.1", "1.8", "2.05M", "0.5", "2.06M"]
+    assert [found(n, values) for n in checks] == [True] * 6 + [False, False]
