@@ -9,7 +9,6 @@ each other.
 from __future__ import annotations
 
 import datetime
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -85,18 +84,20 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
     if paper := paper_rows(ctx):
         write_csv(folder / "paper.csv", paper)
     plot_loss_curves(records, row_labels(ctx), folder / "loss_curves.png", list(ctx.recipe.variants))
-    command = "ablate " + " ".join(sys.argv[1:]) if sys.argv and "ablate" in sys.argv[0] else "ablate sweep"
     shown = f"; the table shows each variant's best, {len(records)} runs" if chosen else ""
-    (folder / "README.md").write_text(
-        f"# How this report was made\n\n- command: `{command}`\n- recipe: `{ctx.recipe.path}` (scale `{ctx.scale}`, "
-        f"seeds {sorted({r.seed for r in all_records}) or ctx.seeds})\n- study: `{ctx.study_name}` ({len(all_records)} runs{shown})\n- code version: "
-        f"`{tracking.code_version()}`\n- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}\n"
+    header = (
+        f"# How this report was made\n\n- command: `{study_command(study)}`\n- recipe: `{ctx.recipe.path}` (scale `{ctx.scale}`, "
+        f"seeds {sorted({r.seed for r in all_records}) or ctx.seeds})\n- study: `{ctx.study_name}` ({len(all_records)} runs{shown})\n"
+        f"- code version of the runs: {runs_code_versions(all_records)}\n- date: {study_date(study)}\n"
         f"- {study_time(study)}\n- precision: {precisions(all_records)}\n"
         f"- files: `table.md`, `table.csv` (one row per run of the study; `in_table`: the table's), "
         "`summary.csv` (the table's cells as numbers), `loss_curves.png`"
         + (", `lr_sensitivity.md`" if honesty.sensitivity else "")
         + "\n"
     )
+    readme = folder / "README.md"
+    kept = hand_written(readme.read_text()) if readme.exists() else ""
+    readme.write_text(header + (f"\n{kept}" if kept else ""))
     from ablate.report.probes import write_probe_report
 
     write_probe_report(
@@ -118,6 +119,37 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
         flush=True,
     )
     return folder
+
+
+def hand_written(readme: str) -> str:
+    """What a person wrote below the generated header (from its second top-level heading on): kept when the
+    report is written again, so `ablate report` never erases the interpretation of a committed report."""
+    at = readme.find("\n# ", 1)
+    return readme[at + 1 :] if at >= 0 else ""
+
+
+def study_command(study: Any) -> str:
+    """The `ablate sweep` command that made the study (recorded when it was enqueued), else this one's."""
+    from ablate.store.study import command_line
+
+    return study.user_attrs.get("command") or command_line()
+
+
+def runs_code_versions(records: list[Any]) -> str:
+    """The code versions the runs were trained with (their `ablate.code_version` tags), not the reader's."""
+    versions = sorted({r.tags.get("ablate.code_version", "") for r in records} - {""})
+    return ", ".join(f"`{v}`" for v in versions) or "not recorded"
+
+
+def study_date(study: Any) -> str:
+    """When the study's last trial ended: a report written again from the same study says the same."""
+    from ablate.store.study import completed_spans
+
+    spans = completed_spans(study.get_trials(deepcopy=False))
+    if not spans:
+        return "no completed trials"
+    end = max(end for _, end in spans)
+    return end.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC") + " (the last trial's end)"
 
 
 def _attach(ctx: Any, study: Any, folder: Path) -> None:

@@ -101,6 +101,13 @@ class SweepContext:
         return [{**fixed, **point, "repeat": repeat} for repeat in range(repeats)]
 
 
+def command_line() -> str:
+    """This process's `ablate ...` command, as the user typed it (for reports' provenance)."""
+    import sys
+
+    return "ablate " + " ".join(sys.argv[1:]) if sys.argv and "ablate" in sys.argv[0] else "ablate sweep"
+
+
 def storage_for(url: str | None, workspace: Path):
     """An Optuna storage: the journal file in the workspace by default, `journal:PATH`, or an RDB URL."""
     import optuna

@@ -32,6 +32,7 @@ from ablate.recipe.search import point_label
 from ablate.store import tracking
 from ablate.store.study import (  # noqa: F401 (SweepContext, report_folder... are used through ablate.sweep.run too)
     SweepContext,
+    command_line,
     is_settled,
     open_study,
     plan_key,
@@ -427,6 +428,8 @@ def run_sweep(
         confirm_plan(ctx, pending, yes)
         enqueue_missing(study, plans)
         study.set_user_attr("recipe_key", ctx.recipe_key())
+        if not study.user_attrs.get("command"):  # the report names the command that made the study
+            study.set_user_attr("command", command_line())
         parent_run_id(ctx, study)  # creates the MLflow store here, before workers would race to create it
         if not train:
             print(

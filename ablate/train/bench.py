@@ -504,7 +504,10 @@ def ratios(
                 "peak_mem_ratio": round(mine["peak_mem_mb"] / ref["peak_mem_mb"], 4),
             }
             for form, (dense, causal) in ((ceilings or {}).get(variant, {}).get(n, {})).items():
-                row[f"ceiling_dense: {form}"], row[f"ceiling_causal: {form}"] = round(dense, 4), round(causal, 4)
+                row[f"ceiling_dense: {form}"], row[f"ceiling_causal: {form}"] = (
+                    round(dense, 4),
+                    round(causal, 4),
+                )
             out.append(row)
     return out
 

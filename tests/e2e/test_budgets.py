@@ -214,6 +214,16 @@ def test_a_budgeted_sweep_reports_every_budget_the_gap_and_its_trend(tmp_path, c
     (cost,) = list(csv.DictReader(open(folder / "time.csv")))
     assert float(cost["trials_over_longest_runs"]) > 1.0
 
+    # written again from the same stores: every file the same bytes, a person's section below kept
+    readme = folder / "README.md"
+    readme.write_text(readme.read_text() + "\n# What it shows\n\nA person's words.\n")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert "ablate sweep" in readme.read_text() and "(the last trial's end)" in readme.read_text()
+    ws = ["--workspace", str(tmp_path / "ws"), "--reports", str(tmp_path / "rep")]
+    assert main(["report", str(recipe), *ws]) == 0
+    after = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert after == before
+
 
 def test_fit_over_tokens_of_a_budgeted_study_takes_one_point_per_budget_run(tmp_path):
     from ablate.cli import main
