@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import csv
 import os
 import re
 import signal
@@ -263,6 +264,13 @@ def test_grid_search_keeps_best_lr_per_variant_and_warns_at_the_edge(tmp_path, c
     assert "(6 runs; the table shows each variant's best, 2 runs)" in readme
     assert re.search(r"wall-clock: \d+\.\d min from the first trial's start", readme)
     assert "precision: 32-true (" in readme
+    # every run of the search is in table.csv (the table's marked), and the header says it is a search
+    rows = list(csv.DictReader(open(tmp_path / "rep" / "mini-lr" / "table.csv")))
+    assert len(rows) == 6 and sorted(r["in_table"] for r in rows) == ["no"] * 4 + ["yes"] * 2
+    assert {r["mlflow_run_id"] for r in rows} == {t.user_attrs["mlflow_run_id"] for t in trials}
+    assert "A search over train.lr at scale paper, seed 0: it chooses the setting" in table
+    summary = list(csv.DictReader(open(tmp_path / "rep" / "mini-lr" / "summary.csv")))
+    assert [r["variant"] for r in summary] == ["transformer", "diff"]
 
 
 def test_search_spec_errors_are_one_line_exit_2(tmp_path, capsys):
