@@ -404,3 +404,27 @@ def test_write_fit_joint_with_checkpoints_flags_them(tmp_path):
     assert "not a separate run at that token budget" in (tmp_path / "out" / "fit.md").read_text()
     for name in ("loss_vs_params.png", "loss_vs_tokens.png"):
         _check_png(tmp_path / "out" / name)
+
+
+def test_fitted_gap_recovers_the_gap_of_two_exact_curves_and_pairs_seeds():
+    """Losses on exact curves E + B D^-beta (per seed a shared offset, as a seed's data order would give):
+    the gap at 10x the largest budget is the curves' gap there, and the paired bootstrap interval is tight
+    because the offsets cancel in the pairing."""
+    from ablate.fitting.gap import fitted_gap
+
+    budgets = [2.0**k * 1e6 for k in range(4)]
+    offsets = {0: 0.0, 1: 0.05, 2: -0.04}
+
+    def curve(e, b, beta, seed):
+        return {d: e + b * d**-beta + offsets[seed] for d in budgets}
+
+    ref = {s: curve(2.0, 300.0, 0.4, s) for s in offsets}
+    row = {s: curve(2.1, 900.0, 0.45, s) for s in offsets}
+    at = 10 * budgets[-1]
+    want = (2.1 + 900.0 * at**-0.45) - (2.0 + 300.0 * at**-0.4)
+    gap = fitted_gap(ref, row, at, n_boot=200, seed=0)
+    assert gap.n_seeds == 3 and gap.n_boot == 200
+    assert gap.estimate == pytest.approx(want, abs=0.01)
+    assert gap.lo <= gap.estimate <= gap.hi and gap.hi - gap.lo < 0.05
+    one = fitted_gap({0: ref[0]}, {0: row[0]}, at)
+    assert math.isnan(one.lo) and one.n_boot == 0  # one seed: no interval
