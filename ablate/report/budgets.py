@@ -83,6 +83,28 @@ def gap_rows(order: list[str], records: list[Any], labels: dict[str, str]) -> li
     return rows
 
 
+def holm_over_budgets(gaps: list[dict[str, Any]]) -> str:
+    """Marks each gap row `holm_survives` (Holm's correction over every row at every budget: one family)
+    and says how many comparisons that is and which intervals excluding 0 survive it."""
+    tested = [g for g in gaps if math.isfinite(g["p_value"])]
+    survive = stats.holm([g["p_value"] for g in tested])
+    for g in gaps:
+        g["holm_survives"] = ""
+    for g, kept in zip(tested, survive):
+        g["holm_survives"] = "true" if kept else "false"
+    excluding = [g for g in tested if g["lo"] > 0 or g["hi"] < 0]
+    kept = [g for g in excluding if g["holm_survives"] == "true"]
+    if not tested:
+        return "No comparison has two seeds: no interval."
+    text = (
+        f"{len(tested)} comparisons (each row against the reference row at each budget, one family); "
+        f"{len(kept)} of the {len(excluding)} intervals that exclude 0 survive Holm's correction for "
+        f"{len(tested)} comparisons at 5% (`holm_survives` in `gap_vs_tokens.csv`)"
+    )
+    lost = [f"{g['label']} at {si(g['tokens'])}" for g in excluding if g["holm_survives"] != "true"]
+    return text + (f"; not: {', '.join(lost)}." if lost else ".")
+
+
 def trend_rows(order: list[str], records: list[Any], labels: dict[str, str]) -> list[dict[str, Any]]:
     """Per row: the paired change of the gap per doubling over the last budgets, and the fitted gap at
     EXTRAPOLATE x the largest budget (ablate.fitting.gap)."""
@@ -229,6 +251,7 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
             f"### {si(tokens)} tokens ({', '.join(sorted(steps)) or '?'} steps)\n\n{markdown_table(headers, rows)}"
         )
     gaps = gap_rows(order, records, labels)
+    family_note = holm_over_budgets(gaps)
     trends = trend_rows(order, records, labels)
     largest = max(groups) if groups else 0
     lines = []
@@ -275,7 +298,7 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
         f"budget's runs alone trained {cost['longest_runs_train_seconds'] / 60:.1f} min and the branches "
         f"{cost['branch_runs_train_seconds'] / 60:.1f} min: all budgets cost {cost['trials_over_longest_runs']:.2f}x "
         "the largest budget's runs (`time.csv`).\n\n"
-        f"## The gap at each budget\n\n{gap_table}\n\n![gap vs tokens](gap_vs_tokens.png)\n\n"
+        f"## The gap at each budget\n\n{gap_table}\n\n{family_note}\n\n![gap vs tokens](gap_vs_tokens.png)\n\n"
         "## The table at each budget\n\n" + "\n\n".join(sections) + "\n"
     )
     written = [folder / "budgets.md"]

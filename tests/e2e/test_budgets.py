@@ -244,3 +244,24 @@ def test_fit_over_tokens_of_a_budgeted_study_takes_one_point_per_budget_run(tmp_
     assert any("its own token budget" in n for n in fit["notes"])
     assert not any("checkpoint inside" in n for a in fit["archs"].values() for n in a["notes"])
     assert all(a["n_runs"] == 2 for a in fit["archs"].values())  # a seed's budgets are one resampled unit
+
+
+def test_the_budget_gaps_are_one_family_under_holm():
+    """Every row at every budget is one family: p-values (0.001, 0.009, 0.03, 0.3) over 4 comparisons.
+    Holm by hand: 0.001 <= 0.05/4 rejects, 0.009 <= 0.05/3 rejects, 0.03 > 0.05/2 stops."""
+    from ablate.report.budgets import holm_over_budgets
+
+    def gap(label, tokens, p, lo):
+        return {"label": label, "tokens": tokens, "p_value": p, "lo": lo, "hi": lo + 0.1}
+
+    gaps = [
+        gap("Diff", 1 << 20, 0.009, 0.05),
+        gap("Diff", 1 << 21, 0.001, 0.2),
+        gap("GN", 1 << 20, 0.03, 0.01),
+        gap("GN", 1 << 21, 0.3, -0.05),
+        gap("one seed", 1 << 21, math.nan, math.nan),
+    ]
+    note = holm_over_budgets(gaps)
+    assert [g["holm_survives"] for g in gaps] == ["true", "true", "false", "false", ""]
+    assert note.startswith("4 comparisons") and "2 of the 3 intervals that exclude 0 survive" in note
+    assert note.endswith("not: GN at 1.05M.")
