@@ -5,8 +5,9 @@ group: a table with one row per variant and one column per statistic, each cell 
 [95% Student-t interval], and a second table of paired differences to the first row (by seed, as the
 loss table; * when the interval excludes 0). A group whose statistics are bit widths (`bits_<b>`) also
 gets a plot, score against bits, one line per variant, intervals over seeds (Figure 8). Per-layer
-statistics (`<group>/layer_XX/<stat>`) go to `probes.csv` (one row per run), not into the tables.
-Written: `probes.md`, `probes.csv`, `<probe>_<group>_vs_bits.png`.
+statistics (`<group>/layer_XX/<stat>`) go to `probes.csv` (one row per run), not into the tables; the
+tables' cells as numbers go to `probes_summary.csv` (one row per probe, group, statistic and variant).
+Written: `probes.md`, `probes.csv`, `probes_summary.csv`, `<probe>_<group>_vs_bits.png`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from ablate.core.tables import markdown_table
 from ablate.report import stats
+from ablate.report.table import write_csv
 from ablate.store import tracking
 
 PREFIX = "probe/"
@@ -103,8 +105,10 @@ def group_tables(
     probe: str,
     group: str,
     columns: list[str],
+    summary: list[dict[str, Any]] | None = None,
 ) -> tuple[str, str]:
-    """(values table, paired-difference table) in Markdown for one probe group."""
+    """(values table, paired-difference table) in Markdown for one probe group; each cell as numbers is
+    appended to `summary` when given."""
     rows = _rows(ctx, records)
     sized = any(s for s, _, _ in rows)
     digits = {c: _digits([m.get(f"{probe}/{group}/{c}", math.nan) for m in values.values()]) for c in columns}
@@ -119,21 +123,44 @@ def group_tables(
 
         reference.setdefault(size, group_records)
         first = reference[size] is group_records
-        cells = [stats.format_ci(stats.mean_ci(per_seed(c).values()), digits[c]) for c in columns]
+        intervals = [stats.mean_ci(per_seed(c).values()) for c in columns]
+        cells = [stats.format_ci(iv, digits[c]) for iv, c in zip(intervals, columns)]
         probed = sum(1 for r in group_records if r.run_id in values)
         lead = [labels.get(variant, variant)] + ([size] if sized else [])
         table.append(lead + cells + [f"{probed}/{len(group_records)}"])
+        paired = [
+            None if first else stats.paired_difference(per_seed(c), per_seed(c, reference[size]))
+            for c in columns
+        ]
         if not first:
-            ref = reference[size]
-            diff_cells = [
-                stats.format_diff(stats.paired_difference(per_seed(c), per_seed(c, ref)), digits[c])
-                for c in columns
-            ]
-            diffs.append(lead + diff_cells)
+            diffs.append(lead + [stats.format_diff(d, digits[c]) for d, c in zip(paired, columns)])
+        for c, iv, d in zip(columns, intervals, paired):
+            if summary is not None:
+                summary.append(_summary_row(probe, group, c, variant, size, iv, d))
     diff_head = (
         [f"Δ vs {labels.get(rows[0][1], rows[0][1])} (paired)"] + (["size"] if sized else []) + columns
     )
     return markdown_table(head, table), (markdown_table(diff_head, diffs) if diffs else "")
+
+
+def _summary_row(
+    probe: str, group: str, stat: str, variant: str, size: str, iv: Any, diff: Any
+) -> dict[str, Any]:
+    return {
+        "probe": probe,
+        "group": group,
+        "statistic": stat,
+        "variant": variant,
+        "size": size,
+        "seeds": iv.n,
+        "mean": iv.mean,
+        "lo": iv.lo,
+        "hi": iv.hi,
+        "diff_vs_first": diff.mean if diff else math.nan,
+        "diff_lo": diff.lo if diff else math.nan,
+        "diff_hi": diff.hi if diff else math.nan,
+        "p_value": diff.p_value if diff else math.nan,
+    }
 
 
 def plot_vs_bits(
@@ -191,8 +218,9 @@ def write_probe_report(ctx: Any, records: list[Any], folder: Path) -> list[Path]
     sections = [f"# Probes: {ctx.recipe.name} at scale {ctx.scale}", ""]
     written = []
     settings = _settings(ctx, records)
+    summary: list[dict[str, Any]] = []
     for (probe, group), columns in groups.items():
-        table, diffs = group_tables(ctx, records, values, probe, group, columns)
+        table, diffs = group_tables(ctx, records, values, probe, group, columns, summary)
         sections += [f"## {probe}: {group}", "", table, ""]
         if diffs:
             sections += [diffs, ""]
@@ -202,7 +230,8 @@ def write_probe_report(ctx: Any, records: list[Any], folder: Path) -> list[Path]
             sections += [f"![{probe} {group} vs bits]({name})", ""]
     sections.append(
         "Cells: mean over seeds [95% Student-t interval]; Δ: paired by seed against the first row, "
-        "* when the interval excludes 0. Per-layer statistics: probes.csv."
+        "* when the interval excludes 0. The cells as numbers: probes_summary.csv; per-layer statistics: "
+        "probes.csv."
     )
     for probe in dict.fromkeys(p for p, _ in groups):
         if probe in NOTES:
@@ -230,6 +259,7 @@ def write_probe_report(ctx: Any, records: list[Any], folder: Path) -> list[Path]
         writer.writeheader()
         writer.writerows(rows)
     written.insert(1, folder / "probes.csv")
+    written.insert(2, write_csv(folder / "probes_summary.csv", summary))
     return written
 
 

@@ -4,6 +4,7 @@ a process killed mid-eval and re-run."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -146,6 +147,23 @@ def test_eval_probes_every_run_reports_and_a_second_call_does_nothing(tmp_path, 
     for plot in ("quantization_loss_vs_bits.png", "quantization_loss_increase_vs_bits.png"):
         assert (report / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len((report / "probes.csv").read_text().strip().splitlines()) == 1 + 4
+    # every cell of the tables as numbers: the mean over seeds and the paired difference, recomputed here
+    per_run = list(csv.DictReader(open(report / "probes.csv")))
+    summary = list(csv.DictReader(open(report / "probes_summary.csv")))
+    assert {(r["probe"], r["group"]) for r in summary} == {
+        ("outliers", "logits"),
+        ("outliers", "hidden"),
+        ("quantization", "loss"),
+        ("quantization", "loss_increase"),
+    }
+    for cell in summary:
+        key = f"{cell['probe']}/{cell['group']}/{cell['statistic']}"
+        mine = {r["seed"]: float(r[key]) for r in per_run if r["variant"] == cell["variant"]}
+        first = {r["seed"]: float(r[key]) for r in per_run if r["variant"] == "transformer"}
+        assert float(cell["mean"]) == pytest.approx(sum(mine.values()) / len(mine), rel=1e-12)
+        if cell["variant"] != "transformer":
+            paired = sum(mine[s] - first[s] for s in mine) / len(mine)
+            assert float(cell["diff_vs_first"]) == pytest.approx(paired, rel=1e-9, abs=1e-12)
     attached = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/probes.md", "report/probes.csv", "report/quantization_loss_vs_bits.png"} <= attached
 
