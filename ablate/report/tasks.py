@@ -111,6 +111,7 @@ def accuracy_table(
                     "diff_vs_first": d.mean if d else math.nan,
                     "diff_lo": d.lo if d else math.nan,
                     "diff_hi": d.hi if d else math.nan,
+                    "p_value": d.p_value if d else math.nan,
                 }
             )
         reference = (paper or {}).get(variant) or {}
@@ -130,8 +131,31 @@ def accuracy_table(
         + f"\n\nDifference to {labels.get(first, first)}, paired by seed [95% interval], * when it excludes 0:"
         + "\n\n"
         + markdown_table(headers, diff_rows)
+        + "\n\n"
+        + holm_line(csv_rows)
     )
     return text, csv_rows
+
+
+def holm_line(csv_rows: list[dict[str, Any]]) -> str:
+    """How many paired comparisons the difference table makes (every row against the first, every
+    column: one family), and which intervals excluding 0 survive Holm's correction; marks
+    `holm_survives` on the CSV rows."""
+    tested = [r for r in csv_rows if math.isfinite(r["p_value"])]
+    for r in csv_rows:
+        r["holm_survives"] = ""
+    for r, kept in zip(tested, stats.holm([r["p_value"] for r in tested])):
+        r["holm_survives"] = "true" if kept else "false"
+    if not tested:
+        return "No paired comparison (fewer than two seeds)."
+    excluding = [r for r in tested if r["diff_lo"] > 0 or r["diff_hi"] < 0]
+    kept = [f"{r['label']} {r['column']}" for r in excluding if r["holm_survives"] == "true"]
+    return (
+        f"{len(tested)} comparisons (each row against the first, each column); {len(kept)} of the "
+        f"{len(excluding)} starred survive Holm's correction for {len(tested)} comparisons at 5%"
+        + (f": {', '.join(kept)}." if kept else ".")
+        + " (`holm_survives` in `task_accuracy.csv`)"
+    )
 
 
 def attention_table(

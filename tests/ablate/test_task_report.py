@@ -88,6 +88,15 @@ def test_accuracy_table_means_intervals_and_paired_differences(metrics):
     assert math.isnan(row[("transformer", "all")]["diff_vs_first"])
     with_paper, _ = accuracy_table(ORDER, LABELS, metrics, {"diff": {"N1R1": 1.0, "N6R2": 0.85}})
     assert "paper (N1R1 / N6R2)" in with_paper and "1.00 / 0.85" in with_paper and "paper" not in text
+    # every (row, column) against the first row is one family for Holm's step-down, written here
+    tested = sorted((r["p_value"], k) for k, r in row.items() if not math.isnan(r["p_value"]))
+    survive = set()
+    for i, (p, key) in enumerate(tested):
+        if p > 0.05 / (len(tested) - i):
+            break
+        survive.add(key)
+    assert {k for k, r in row.items() if r["holm_survives"] == "true"} == survive
+    assert f"{len(tested)} comparisons (each row against the first, each column)" in text
 
 
 def test_a_failed_seed_is_left_out_of_the_pairs(metrics):
