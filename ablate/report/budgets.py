@@ -86,20 +86,13 @@ def gap_rows(order: list[str], records: list[Any], labels: dict[str, str]) -> li
 def holm_over_budgets(gaps: list[dict[str, Any]]) -> str:
     """Marks each gap row `holm_survives` (Holm's correction over every row at every budget: one family)
     and says how many comparisons that is and which intervals excluding 0 survive it."""
-    tested = [g for g in gaps if math.isfinite(g["p_value"])]
-    survive = stats.holm([g["p_value"] for g in tested])
-    for g in gaps:
-        g["holm_survives"] = ""
-    for g, kept in zip(tested, survive):
-        g["holm_survives"] = "true" if kept else "false"
-    excluding = [g for g in tested if g["lo"] > 0 or g["hi"] < 0]
-    kept = [g for g in excluding if g["holm_survives"] == "true"]
-    if not tested:
+    n, excluding, kept = stats.mark_holm(gaps, "lo", "hi")
+    if not n:
         return "No comparison has two seeds: no interval."
     text = (
-        f"{len(tested)} comparisons (each row against the reference row at each budget, one family); "
+        f"{n} comparisons (each row against the reference row at each budget, one family); "
         f"{len(kept)} of the {len(excluding)} intervals that exclude 0 survive Holm's correction for "
-        f"{len(tested)} comparisons at 5% (`holm_survives` in `gap_vs_tokens.csv`)"
+        f"{n} comparisons at 5% (`holm_survives` in `gap_vs_tokens.csv`)"
     )
     lost = [f"{g['label']} at {si(g['tokens'])}" for g in excluding if g["holm_survives"] != "true"]
     return text + (f"; not: {', '.join(lost)}." if lost else ".")

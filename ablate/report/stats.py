@@ -162,6 +162,19 @@ def holm(p_values: list[float], alpha: float = 0.05) -> list[bool]:
     return rejected
 
 
+def mark_holm(rows: list[dict], lo: str, hi: str) -> tuple[int, list[dict], list[dict]]:
+    """Holm over a family of result rows (each with `p_value` and its interval's bounds under the keys
+    `lo`, `hi`): sets each row's `holm_survives` ("true" / "false"; "" without a test) and returns
+    (comparisons, the rows whose interval excludes 0, those of them that survive)."""
+    tested = [r for r in rows if math.isfinite(r["p_value"])]
+    for r in rows:
+        r["holm_survives"] = ""
+    for r, kept in zip(tested, holm([r["p_value"] for r in tested])):
+        r["holm_survives"] = "true" if kept else "false"
+    excluding = [r for r in tested if r[lo] > 0 or r[hi] < 0]
+    return len(tested), excluding, [r for r in excluding if r["holm_survives"] == "true"]
+
+
 # ----------------------------------------------------------------------------------- formatting
 
 

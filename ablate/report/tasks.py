@@ -141,18 +141,13 @@ def holm_line(csv_rows: list[dict[str, Any]]) -> str:
     """How many paired comparisons the difference table makes (every row against the first, every
     column: one family), and which intervals excluding 0 survive Holm's correction; marks
     `holm_survives` on the CSV rows."""
-    tested = [r for r in csv_rows if math.isfinite(r["p_value"])]
-    for r in csv_rows:
-        r["holm_survives"] = ""
-    for r, kept in zip(tested, stats.holm([r["p_value"] for r in tested])):
-        r["holm_survives"] = "true" if kept else "false"
-    if not tested:
+    n, excluding, kept_rows = stats.mark_holm(csv_rows, "diff_lo", "diff_hi")
+    if not n:
         return "No paired comparison (fewer than two seeds)."
-    excluding = [r for r in tested if r["diff_lo"] > 0 or r["diff_hi"] < 0]
-    kept = [f"{r['label']} {r['column']}" for r in excluding if r["holm_survives"] == "true"]
+    kept = [f"{r['label']} {r['column']}" for r in kept_rows]
     return (
-        f"{len(tested)} comparisons (each row against the first, each column); {len(kept)} of the "
-        f"{len(excluding)} starred survive Holm's correction for {len(tested)} comparisons at 5%"
+        f"{n} comparisons (each row against the first, each column); {len(kept)} of the "
+        f"{len(excluding)} starred survive Holm's correction for {n} comparisons at 5%"
         + (f": {', '.join(kept)}." if kept else ".")
         + " (`holm_survives` in `task_accuracy.csv`)"
     )
