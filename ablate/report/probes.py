@@ -12,7 +12,6 @@ Written: `probes.md`, `probes.csv`, `probes_summary.csv`, `<probe>_<group>_vs_bi
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
@@ -134,9 +133,10 @@ def group_tables(
         ]
         if not first:
             diffs.append(lead + [stats.format_diff(d, digits[c]) for d, c in zip(paired, columns)])
-        for c, iv, d in zip(columns, intervals, paired):
-            if summary is not None:
-                summary.append(_summary_row(probe, group, c, variant, size, iv, d))
+        if summary is not None:
+            summary += [
+                _summary_row(probe, group, *cell, variant, size) for cell in zip(columns, intervals, paired)
+            ]
     diff_head = (
         [f"Δ vs {labels.get(rows[0][1], rows[0][1])} (paired)"] + (["size"] if sized else []) + columns
     )
@@ -144,7 +144,7 @@ def group_tables(
 
 
 def _summary_row(
-    probe: str, group: str, stat: str, variant: str, size: str, iv: Any, diff: Any
+    probe: str, group: str, stat: str, iv: Any, diff: Any, variant: str, size: str
 ) -> dict[str, Any]:
     return {
         "probe": probe,
@@ -243,22 +243,12 @@ def write_probe_report(ctx: Any, records: list[Any], folder: Path) -> list[Path]
         "\n\n".join(s for s in sections if s != "").replace("\n\n\n", "\n\n") + "\n"
     )
     written.insert(0, folder / "probes.md")
-    with open(folder / "probes.csv", "w", newline="") as f:
-        rows = [
-            {
-                "variant": r.variant,
-                "size": r.size,
-                "seed": r.seed,
-                "mlflow_run_id": r.run_id,
-                **values[r.run_id],
-            }
-            for r in records
-            if r.run_id in values
-        ]
-        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
-        writer.writeheader()
-        writer.writerows(rows)
-    written.insert(1, folder / "probes.csv")
+    rows = [
+        {"variant": r.variant, "size": r.size, "seed": r.seed, "mlflow_run_id": r.run_id, **values[r.run_id]}
+        for r in records
+        if r.run_id in values
+    ]
+    written.insert(1, write_csv(folder / "probes.csv", rows))
     written.insert(2, write_csv(folder / "probes_summary.csv", summary))
     return written
 
