@@ -14,7 +14,6 @@ model. Writes into the sweep's report folder, beside `table.md`:
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 
 from ablate.core.tables import markdown_table
 from ablate.report import stats
+from ablate.report.table import write_csv
 from ablate.store import tracking
 
 CELL_PREFIX = "val/accuracy_cell/"
@@ -297,18 +297,12 @@ def write_task_report(ctx: Any, records: list[Any], folder: Path) -> list[Path]:
         "not apply to tasks."
     )
     (folder / "task_accuracy.md").write_text(f"{title}\n\n{accuracy}\n\n{note}\n")
-    with open(folder / "task_accuracy.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(csv_rows[0]) if csv_rows else ["variant"])
-        writer.writeheader()
-        writer.writerows(csv_rows)
+    write_csv(folder / "task_accuracy.csv", csv_rows)
     attention, attention_rows = attention_table(order, labels, metrics)
     (folder / "task_attention.md").write_text(
         f"# {ctx.recipe.name} at scale {ctx.scale}: attention to answer and noise (Table 3 style)\n\n{attention}\n"
     )
-    with open(folder / "task_attention.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(attention_rows[0]) if attention_rows else ["variant"])
-        writer.writeheader()
-        writer.writerows(attention_rows)
+    write_csv(folder / "task_attention.csv", attention_rows)
     written = [
         folder / f"task_{name}" for name in ("accuracy.md", "accuracy.csv", "attention.md", "attention.csv")
     ]

@@ -84,6 +84,16 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
     if paper := paper_rows(ctx):
         write_csv(folder / "paper.csv", paper)
     plot_loss_curves(records, row_labels(ctx), folder / "loss_curves.png", list(ctx.recipe.variants))
+    from ablate.report.probes import write_probe_report
+
+    # Table 5 / Figure 8 when runs were probed (`ablate eval`)
+    more = write_probe_report(ctx, records, folder)
+    if task_report.is_task_recipe(ctx):  # Tables 2-3 and Figure 5 of a recipe whose data is a task
+        more += task_report.write_task_report(ctx, records, folder)
+    if ctx.recipe.budgets(ctx.scale) is not None:  # every row at every token budget (ablate.recipe.budgets)
+        from ablate.report.budgets import write_budget_report
+
+        more += write_budget_report(ctx, study, collect(ctx, study, with_curves=False, budgets=True), folder)
     shown = f"; the table shows each variant's best, {len(records)} runs" if chosen else ""
     header = (
         f"# How this report was made\n\n- command: `{study_command(study)}`\n- recipe: `{ctx.recipe.path}` (scale `{ctx.scale}`, "
@@ -91,24 +101,16 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
         f"- code version of the runs: {runs_code_versions(all_records)}\n- date: {study_date(study)}\n"
         f"- {study_time(study)}\n- precision: {precisions(all_records)}\n"
         f"- files: `table.md`, `table.csv` (one row per run of the study; `in_table`: the table's), "
-        "`summary.csv` (the table's cells as numbers), `loss_curves.png`"
+        "`summary.csv` (the table's cells as numbers)"
+        + (", `paper.csv` (the paper's numbers the recipe quotes)" if paper else "")
+        + ", `loss_curves.png`"
         + (", `lr_sensitivity.md`" if honesty.sensitivity else "")
+        + "".join(f", `{path.name}`" for path in more)
         + "\n"
     )
-    readme = folder / "README.md"
+    readme = folder / "README.md"  # written last: its header lists every file the report wrote
     kept = hand_written(readme.read_text()) if readme.exists() else ""
     readme.write_text(header + (f"\n{kept}" if kept else ""))
-    from ablate.report.probes import write_probe_report
-
-    write_probe_report(
-        ctx, records, folder
-    )  # Table 5 / Figure 8 sections when runs were probed (`ablate eval`)
-    if task_report.is_task_recipe(ctx):  # Tables 2-3 and Figure 5 of a recipe whose data is a task
-        task_report.write_task_report(ctx, records, folder)
-    if ctx.recipe.budgets(ctx.scale) is not None:  # every row at every token budget (ablate.recipe.budgets)
-        from ablate.report.budgets import write_budget_report
-
-        write_budget_report(ctx, study, collect(ctx, study, with_curves=False, budgets=True), folder)
     _attach(ctx, study, folder)
     print(
         f"[report] {folder / 'table.md'}\n\n"

@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -214,8 +215,13 @@ def test_a_budgeted_sweep_reports_every_budget_the_gap_and_its_trend(tmp_path, c
     (cost,) = list(csv.DictReader(open(folder / "time.csv")))
     assert float(cost["trials_over_longest_runs"]) > 1.0
 
-    # written again from the same stores: every file the same bytes, a person's section below kept
     readme = folder / "README.md"
+    (files_line,) = [line for line in readme.read_text().splitlines() if line.startswith("- files: ")]
+    assert {p.name for p in folder.iterdir()} - {"README.md"} == set(
+        re.findall(r"`([\w.]+\.(?:md|csv|png|json))`", files_line)
+    )
+
+    # written again from the same stores: every file the same bytes, a person's section below kept
     readme.write_text(readme.read_text() + "\n# What it shows\n\nA person's words.\n")
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert "ablate sweep" in readme.read_text() and "(the last trial's end)" in readme.read_text()
