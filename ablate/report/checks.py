@@ -241,6 +241,29 @@ def lr_sensitivity(records: Sequence[Any], variant_order: Sequence[str]) -> Sens
     return Sensitivity(points, rows, loss, seeds, flips, orders, order_changes)
 
 
+def sensitivity_rows(s: Sensitivity, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The sensitivity table as rows (`lr_sensitivity.csv`): one per row and searched point, with the row's
+    mean loss there, its difference from the reference row at the same point, and whether it is the row's
+    best point and its sign flips across the grid."""
+    out = []
+    for row in s.rows:
+        size, variant = row
+        reference = next(r for r in s.rows if r[0] == size)
+        best = min(s.loss[row], key=s.loss[row].get) if s.loss[row] else None
+        for p in s.points:
+            v, ref = s.loss[row].get(p, math.nan), s.loss[reference].get(p, math.nan)
+            out.append(
+                {"variant": variant, "label": labels.get(variant, variant), "size": size}
+                | {"point": point_label(p), **{k: value for k, value in p}}
+                | {"valid_mean": v, "seeds": s.seeds[row].get(p, 0), "vs_reference": v - ref}
+                | {
+                    "best_point": "yes" if p == best else "no",
+                    "sign_flips": str(s.flips.get(row, "")).lower(),
+                }
+            )
+    return out
+
+
 def sensitivity_markdown(s: Sensitivity, labels: Mapping[str, str]) -> str:
     """The sensitivity table and its notes (Markdown)."""
     sized = any(size for size, _ in s.rows)
@@ -270,7 +293,8 @@ def sensitivity_markdown(s: Sensitivity, labels: Mapping[str, str]) -> str:
             + [point_label(best) if best else "n/a", versus]
         )
     notes = [
-        f'Final validation loss, mean over the seeds run at each point. "vs row 1": {FLIPS} when the row '
+        f"Final validation loss, mean over the seeds run at each point (as numbers, with each row's difference "
+        f'from the reference row at each point: lr_sensitivity.csv). "vs row 1": {FLIPS} when the row '
         "is better than the reference row at one point of the grid and worse at another, so its sign in "
         "the table depends on the learning rate."
     ]
@@ -315,12 +339,19 @@ def mean_lambda(layer_curves: Mapping[str, Sequence[tuple[float, float]]], index
 def layer_diagnostics(records: Sequence[Any], variant_order: Sequence[str], labels: Mapping[str, str]) -> str:
     """A table of attention-to-embedding RMS (first and last validation) and mean λ per row, with a warning
     for rows whose attention starts much louder than the reference row's; '' when no run logged them."""
+    return layer_report(records, variant_order, labels)[0]
+
+
+def layer_report(
+    records: Sequence[Any], variant_order: Sequence[str], labels: Mapping[str, str]
+) -> tuple[str, list[dict[str, Any]]]:
+    """`layer_diagnostics`' Markdown and its cells as rows (`layer_stats.csv`); ('', []) without statistics."""
     groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
     for r in records:
         if r.state == "finished" and getattr(r, "layer_curves", None):
             groups[(r.size, r.variant)].append(r)
     if not groups:
-        return ""
+        return "", []
     rank = {v: i for i, v in enumerate(variant_order)}
     keys = sorted(groups, key=lambda k: (k[0], rank.get(k[1], len(rank)), k[1]))
 
@@ -349,7 +380,7 @@ def layer_diagnostics(records: Sequence[Any], variant_order: Sequence[str], labe
     notes = [
         "RMS of each layer's attention output over the RMS of the token embeddings, averaged over layers "
         "and seeds, on one fixed held-out micro-batch (MLflow metrics rms/attn_out/layer_NN, rms/embed, "
-        "rms/residual/layer_NN; λ: lambda/layer_NN)."
+        "rms/residual/layer_NN; λ: lambda/layer_NN). As numbers: layer_stats.csv."
     ]
     for size in dict.fromkeys(s for s, _ in keys):
         mine = [k for k in keys if k[0] == size]
@@ -366,4 +397,10 @@ def layer_diagnostics(records: Sequence[Any], variant_order: Sequence[str], labe
                 "so early on it swamps the embeddings; a lag of this row may be a transient of the "
                 "warmup and learning rate rather than of the architecture."
             )
-    return markdown_table(headers, rows) + "\n\n" + "\n\n".join(notes) + "\n"
+    cells = [
+        {"variant": v, "label": labels.get(v, v), "size": size, "seeds": len(groups[(size, v)])}
+        | {"attn_over_embed_rms_first": first[(size, v)], "attn_over_embed_rms_last": last[(size, v)]}
+        | {"mean_lambda_last": lam[(size, v)]}
+        for size, v in keys
+    ]
+    return markdown_table(headers, rows) + "\n\n" + "\n\n".join(notes) + "\n", cells

@@ -428,6 +428,8 @@ class Honesty:
     convergence: dict[str, Any]
     sensitivity: str = ""
     layers: str = ""  # per-layer statistics per row (why a row lags)
+    sensitivity_rows: list[dict[str, Any]] = field(default_factory=list)  # lr_sensitivity.csv
+    layer_rows: list[dict[str, Any]] = field(default_factory=list)  # layer_stats.csv
 
 
 def honesty_checks(ctx: Any, all_records: list[RunRecord], records: list[RunRecord]) -> Honesty:
@@ -465,9 +467,11 @@ def honesty_checks(ctx: Any, all_records: list[RunRecord], records: list[RunReco
     if rc.all_intervals_contain_zero(row_diffs(list(ctx.recipe.variants), records).values()):
         notes.append(rc.ALL_CONTAIN_ZERO)
     sensitivity = rc.lr_sensitivity(all_records, list(ctx.recipe.variants))
-    text = rc.sensitivity_markdown(sensitivity, row_labels(ctx)) if sensitivity else ""
-    layers = rc.layer_diagnostics(records, list(ctx.recipe.variants), row_labels(ctx))
-    return Honesty(header, marks, notes, convergence, text, layers)
+    labels = row_labels(ctx)
+    text = rc.sensitivity_markdown(sensitivity, labels) if sensitivity else ""
+    grid = rc.sensitivity_rows(sensitivity, labels) if sensitivity else []
+    layers, layer_rows = rc.layer_report(records, list(ctx.recipe.variants), labels)
+    return Honesty(header, marks, notes, convergence, text, layers, grid, layer_rows)
 
 
 def row_labels(ctx: Any) -> dict[str, str]:

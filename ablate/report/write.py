@@ -76,8 +76,10 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
             f"searched grid\n\n{honesty.sensitivity}"
         )
         sections = f"\n## Sensitivity to the searched grid\n\n{honesty.sensitivity}"
+        write_csv(folder / "lr_sensitivity.csv", honesty.sensitivity_rows)
     if honesty.layers:
         sections += f"\n## Residual stream: why a row may lag\n\n{honesty.layers}"
+        write_csv(folder / "layer_stats.csv", honesty.layer_rows)
     (folder / "table.md").write_text(f"{title}\n\n{table}\n\n" + "\n\n".join(notes) + "\n" + sections)
     write_csv(folder / "table.csv", csv_rows)
     write_csv(folder / "summary.csv", summary_rows(ctx, records))
@@ -104,7 +106,8 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
         "`summary.csv` (the table's cells as numbers)"
         + (", `paper.csv` (the paper's numbers the recipe quotes)" if paper else "")
         + ", `loss_curves.png`"
-        + (", `lr_sensitivity.md`" if honesty.sensitivity else "")
+        + (", `lr_sensitivity.md`, `lr_sensitivity.csv`" if honesty.sensitivity else "")
+        + (", `layer_stats.csv` (the residual-stream table's cells)" if honesty.layers else "")
         + "".join(f", `{path.name}`" for path in more)
         + "\n"
     )

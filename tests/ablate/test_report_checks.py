@@ -175,6 +175,16 @@ def test_a_ranking_flip_across_the_lr_grid_is_flagged():
     assert f"{rc.FLIPS} flips" in diff_row and "3.151 (n=2)" in diff_row and "lr=0.003" in diff_row  # best lr
     assert "WARNING: the sign against the reference flips across the grid for: Diff." in text
     assert "lr=0.001: Diff < Transformer [a] < Transformer [c]" in text
+    rows = {(r["variant"], r["point"]): r for r in rc.sensitivity_rows(s, labels)}  # lr_sensitivity.csv
+    assert len(rows) == 9 and rows[("b", "lr=0.01")]["base.train.lr"] == 1e-2
+    # independent arithmetic: b at 1e-2 is 3.4005 (mean of 3.400, 3.401), a 3.2005: +0.2 above it
+    assert rows[("b", "lr=0.01")]["vs_reference"] == pytest.approx(0.2)
+    assert rows[("b", "lr=0.001")]["vs_reference"] == pytest.approx(-0.05)
+    assert rows[("a", "lr=0.003")]["vs_reference"] == 0.0 and rows[("a", "lr=0.003")]["sign_flips"] == ""
+    assert [rows[("b", p)]["best_point"] for p in ("lr=0.001", "lr=0.003", "lr=0.01")] == ["no", "yes", "no"]
+    assert (
+        rows[("b", "lr=0.003")]["sign_flips"] == "true" and rows[("c", "lr=0.003")]["sign_flips"] == "false"
+    )
 
 
 def test_no_flag_when_the_ranking_holds_across_the_grid():
@@ -244,6 +254,11 @@ def test_layer_diagnostics_flag_attention_that_swamps_the_embeddings_early():
     assert [c.strip() for c in row.strip("|").split("|")] == ["+ GroupNorm", "25.00", "2.00", "0.600"]
     assert "+ GroupNorm: its attention writes 25.0x the embeddings' RMS at the first validation" in text
     assert "Transformer: its attention" not in text
+    _, cells = rc.layer_report(quiet + loud, ["a", "b"], {"a": "Transformer", "b": "+ GroupNorm"})
+    assert [(c["variant"], c["seeds"]) for c in cells] == [("a", 2), ("b", 2)]  # layer_stats.csv
+    assert cells[1]["attn_over_embed_rms_first"] == pytest.approx(25.0)
+    assert cells[1]["attn_over_embed_rms_last"] == pytest.approx(2.0)
+    assert cells[1]["mean_lambda_last"] == pytest.approx(0.6) and math.isnan(cells[0]["mean_lambda_last"])
     calm = rc.layer_diagnostics(
         quiet + [with_layers(record("b", 0, 3.0), [0.02, 0.05], [[0.02, 0.04], [0.02, 0.04]])], ["a", "b"], {}
     )
