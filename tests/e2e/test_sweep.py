@@ -271,6 +271,20 @@ def test_grid_search_keeps_best_lr_per_variant_and_warns_at_the_edge(tmp_path, c
     assert "A search over train.lr at scale paper, seed 0: it chooses the setting" in table
     summary = list(csv.DictReader(open(tmp_path / "rep" / "mini-lr" / "summary.csv")))
     assert [r["variant"] for r in summary] == ["transformer", "diff"]
+    # the sensitivity table as numbers: each row at each grid point, against the reference at that point
+    grid = {
+        (r["variant"], float(r["base.train.lr"])): r
+        for r in csv.DictReader(open(tmp_path / "rep" / "mini-lr" / "lr_sensitivity.csv"))
+    }
+    final = {(t.user_attrs["variant"], t.params["base.train.lr"]): t.value for t in trials}
+    assert set(grid) == set(final)
+    for (v, lr), r in grid.items():
+        assert float(r["valid_mean"]) == pytest.approx(final[(v, lr)], abs=1e-9)
+        assert float(r["vs_reference"]) == pytest.approx(
+            final[(v, lr)] - final[("transformer", lr)], abs=1e-9
+        )
+        assert r["best_point"] == ("yes" if best[v].params["base.train.lr"] == lr else "no")
+    assert "`lr_sensitivity.csv`" in readme
 
 
 def test_search_spec_errors_are_one_line_exit_2(tmp_path, capsys):
