@@ -156,10 +156,7 @@ def _summary_row(
         "mean": iv.mean,
         "lo": iv.lo,
         "hi": iv.hi,
-        "diff_vs_first": diff.mean if diff else math.nan,
-        "diff_lo": diff.lo if diff else math.nan,
-        "diff_hi": diff.hi if diff else math.nan,
-        "p_value": diff.p_value if diff else math.nan,
+        **stats.diff_columns(diff),
     }
 
 

@@ -58,6 +58,16 @@ class PairedDiff:
     level: float = 0.95
 
 
+def diff_columns(d: PairedDiff | None) -> dict[str, float]:
+    """A paired difference as the CSV columns every report uses for it (NaN without one: the first row)."""
+    return {
+        "diff_vs_first": d.mean if d else math.nan,
+        "diff_lo": d.lo if d else math.nan,
+        "diff_hi": d.hi if d else math.nan,
+        "p_value": d.p_value if d else math.nan,
+    }
+
+
 def _check_level(level: float) -> None:
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")

@@ -332,10 +332,7 @@ def summary_rows(ctx: Any, records: list[RunRecord]) -> list[dict[str, Any]]:
             d = diffs.get((size, variant))
             row.update(
                 {
-                    "diff_vs_first": d.mean if d else math.nan,
-                    "diff_lo": d.lo if d else math.nan,
-                    "diff_hi": d.hi if d else math.nan,
-                    "p_value": d.p_value if d else math.nan,
+                    **stats.diff_columns(d),
                     "holm_survives": ""
                     if (size, variant) not in survives
                     else str(survives[(size, variant)]).lower(),

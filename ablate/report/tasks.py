@@ -108,10 +108,7 @@ def accuracy_table(
                     "lo": iv.lo,
                     "hi": iv.hi,
                     "seeds": iv.n,
-                    "diff_vs_first": d.mean if d else math.nan,
-                    "diff_lo": d.lo if d else math.nan,
-                    "diff_hi": d.hi if d else math.nan,
-                    "p_value": d.p_value if d else math.nan,
+                    **stats.diff_columns(d),
                 }
             )
         reference = (paper or {}).get(variant) or {}
