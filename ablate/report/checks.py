@@ -202,6 +202,10 @@ class Sensitivity:
     orders: dict[str, dict[tuple, list[str]]]  # size -> point -> variants, best first
     order_changes: dict[str, bool]  # size -> the order of the rows differs between points
 
+    def best(self, row: tuple[str, str]) -> tuple | None:
+        """The row's best searched point (lowest mean loss), None when no point finished."""
+        return min(self.loss[row], key=self.loss[row].get) if self.loss[row] else None
+
 
 def _sort_key(point: tuple) -> tuple:
     return tuple((k, (0, v) if isinstance(v, int | float) else (1, str(v))) for k, v in point)
@@ -249,7 +253,7 @@ def sensitivity_rows(s: Sensitivity, labels: Mapping[str, str]) -> list[dict[str
     for row in s.rows:
         size, variant = row
         reference = next(r for r in s.rows if r[0] == size)
-        best = min(s.loss[row], key=s.loss[row].get) if s.loss[row] else None
+        best = s.best(row)
         for p in s.points:
             v, ref = s.loss[row].get(p, math.nan), s.loss[reference].get(p, math.nan)
             out.append(
@@ -281,7 +285,7 @@ def sensitivity_markdown(s: Sensitivity, labels: Mapping[str, str]) -> str:
                 if v is None
                 else f"{v:.3f}" + (f" (n={s.seeds[row][p]})" if s.seeds[row][p] > 1 else "")
             )
-        best = min(s.loss[row], key=s.loss[row].get) if s.loss[row] else None
+        best = s.best(row)
         if row not in s.flips:
             versus = "(reference)"
         else:
@@ -336,16 +340,12 @@ def mean_lambda(layer_curves: Mapping[str, Sequence[tuple[float, float]]], index
     return sum(values) / len(values) if values else math.nan
 
 
-def layer_diagnostics(records: Sequence[Any], variant_order: Sequence[str], labels: Mapping[str, str]) -> str:
-    """A table of attention-to-embedding RMS (first and last validation) and mean λ per row, with a warning
-    for rows whose attention starts much louder than the reference row's; '' when no run logged them."""
-    return layer_report(records, variant_order, labels)[0]
-
-
 def layer_report(
     records: Sequence[Any], variant_order: Sequence[str], labels: Mapping[str, str]
 ) -> tuple[str, list[dict[str, Any]]]:
-    """`layer_diagnostics`' Markdown and its cells as rows (`layer_stats.csv`); ('', []) without statistics."""
+    """A table of attention-to-embedding RMS (first and last validation) and mean λ per row, with a warning
+    for rows whose attention starts much louder than the reference row's, and its cells as rows
+    (`layer_stats.csv`); ('', []) when no run logged them."""
     groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
     for r in records:
         if r.state == "finished" and getattr(r, "layer_curves", None):

@@ -249,7 +249,7 @@ def test_layer_diagnostics_flag_attention_that_swamps_the_embeddings_early():
     # independent arithmetic: a: mean(0.01, 0.03) / 0.02 = 1.0; b: mean(0.4, 0.6) / 0.02 = 25.0, later 2.0
     assert rc.attention_to_embedding(quiet[0].layer_curves, 0) == pytest.approx(1.0)
     assert rc.attention_to_embedding(loud[0].layer_curves, -1) == pytest.approx(2.0)
-    text = rc.layer_diagnostics(quiet + loud, ["a", "b"], {"a": "Transformer", "b": "+ GroupNorm"})
+    text = rc.layer_report(quiet + loud, ["a", "b"], {"a": "Transformer", "b": "+ GroupNorm"})[0]
     row = next(line for line in text.splitlines() if line.startswith("| + GroupNorm"))
     assert [c.strip() for c in row.strip("|").split("|")] == ["+ GroupNorm", "25.00", "2.00", "0.600"]
     assert "+ GroupNorm: its attention writes 25.0x the embeddings' RMS at the first validation" in text
@@ -259,8 +259,8 @@ def test_layer_diagnostics_flag_attention_that_swamps_the_embeddings_early():
     assert cells[1]["attn_over_embed_rms_first"] == pytest.approx(25.0)
     assert cells[1]["attn_over_embed_rms_last"] == pytest.approx(2.0)
     assert cells[1]["mean_lambda_last"] == pytest.approx(0.6) and math.isnan(cells[0]["mean_lambda_last"])
-    calm = rc.layer_diagnostics(
+    calm, _ = rc.layer_report(
         quiet + [with_layers(record("b", 0, 3.0), [0.02, 0.05], [[0.02, 0.04], [0.02, 0.04]])], ["a", "b"], {}
     )
     assert "swamps" not in calm
-    assert rc.layer_diagnostics([record("a", 0, 3.0)], ["a"], {}) == ""  # runs without layer statistics
+    assert rc.layer_report([record("a", 0, 3.0)], ["a"], {})[0] == ""  # runs without layer statistics
