@@ -12,7 +12,13 @@
   attention's forward has Eq. 1's FLOPs instead of the padded kernel's twice the core.
 - `flash_attn`: flash-attn's `flash_attn_func` (CUDA, fp16/bf16), reached only through `flash_attn_func()`,
   the one seam a CPU stand-in replaces in tests.
-- `auto`: `flash_attn` for fp16/bf16 CUDA tensors when flash-attn imports; otherwise `sdpa`, except for
+- `sdpa_flash`, `sdpa_efficient`, `sdpa_cudnn`: SDPA held to one fused kernel (flash, memory-efficient,
+  cuDNN) by `torch.nn.attention.sdpa_kernel`, so the kernel that runs is the one recorded, never a silent
+  fall-back to the math kernel; differential attention runs split V (two calls of head width d). On CPU
+  only `sdpa_flash` has a kernel (PyTorch's fused CPU kernel); the others are for CUDA.
+- `auto`: `flash_attn` for fp16/bf16 CUDA tensors when flash-attn imports; on CUDA otherwise `sdpa_flash`
+  for fp16/bf16 widths up to 256 that are multiples of 8, `sdpa_efficient` for other widths that are
+  multiples of 8 (4 in float32; float32 has no flash kernel), else `sdpa`; on CPU `sdpa`, except for
   differential attention on CPU: `blockwise`, or `sdpa_padded` for float32 sub-heads under 64 wide,
   or `blocks` for bf16 sub-heads 32 or more wide on a CPU without AMX (the fastest of each case
   measured, benchmarks/NOTES.md: on AMX the fused forward wins, on AVX512-BF16 alone the blocks do).
@@ -35,7 +41,24 @@ from ablate.core.errors import UserError
 from ablate.core.registry import closest
 from components.attention import blockwise
 
-BACKENDS = ("auto", "math", "sdpa", "sdpa_padded", "blockwise", "blocks", "flash_attn")
+BACKENDS = (
+    "auto",
+    "math",
+    "sdpa",
+    "sdpa_padded",
+    "blockwise",
+    "blocks",
+    "flash_attn",
+    "sdpa_flash",
+    "sdpa_efficient",
+    "sdpa_cudnn",
+)
+# The fused SDPA kernel each restricted backend is held to (torch.nn.attention.SDPBackend names).
+SDPA_KERNELS = {
+    "sdpa_flash": "FLASH_ATTENTION",
+    "sdpa_efficient": "EFFICIENT_ATTENTION",
+    "sdpa_cudnn": "CUDNN_ATTENTION",
+}
 FLASH_MISSING = (
     "flash_attn backend: the flash-attn package is not installed (pip install 'ablate[flash]', CUDA only)"
 )
@@ -106,6 +129,8 @@ def resolve(
             return "flash_attn"
         except UserError:
             pass
+    if device.type == "cuda":
+        return cuda_kernel(dtype, head_dim)
     if diff and device.type == "cpu":
         # Measured on CPU (benchmarks/NOTES.md, "auto on CPU"): the blockwise backward's GEMMs win in bf16
         # and for float32 sub-heads of 64; thinner float32 sub-heads run faster in SDPA's padded kernel.
@@ -123,6 +148,19 @@ def resolve(
         # and float32 stay with SDPA (1.0-3.0x faster there).
         if not (cpu_has_amx() if amx is None else amx):
             return "blocks"
+    return "sdpa"
+
+
+def cuda_kernel(dtype: torch.dtype, width: int) -> str:
+    """The SDPA kernel `auto` holds CUDA tensors of `dtype` to, for calls whose q/k/v are `width` wide
+    (differential attention's split V makes both calls d wide). SDPA's flash kernel takes fp16/bf16 widths
+    up to 256 in multiples of 8; the memory-efficient one any width aligned to 8 (4 in float32), float32 too;
+    anything else is left to SDPA's own choice (its math kernel, at worst)."""
+    half = dtype in (torch.float16, torch.bfloat16)
+    if half and width <= 256 and width % 8 == 0:
+        return "sdpa_flash"
+    if width % (8 if half else 4) == 0 and dtype in (torch.float16, torch.bfloat16, torch.float32):
+        return "sdpa_efficient"
     return "sdpa"
 
 
@@ -292,6 +330,8 @@ def causal_softmax(logits: torch.Tensor) -> torch.Tensor:
 def _fused(name: str):
     if name in ("sdpa", "sdpa_padded"):
         return _sdpa
+    if name in SDPA_KERNELS:
+        return functools.partial(_sdpa_held, name)
     if name == "flash_attn":
         return _flash
     raise UserError(f"backend: unknown attention backend {name!r}; known: {', '.join(BACKENDS)}")
@@ -305,6 +345,32 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
     repeat = q.shape[1] // k.shape[1]  # torch < 2.5: no enable_gqa
     k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+
+
+def restrict_sdpa(name: str):
+    """The seam to SDPA's kernel choice: a context in which SDPA may run only `name`'s kernel (tests replace
+    it to drive the CUDA kernels' calls on CPU, where only the flash kernel exists)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, SDPA_KERNELS[name])])
+
+
+def _sdpa_held(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """SDPA held to `name`'s kernel. The memory-efficient and cuDNN kernels take no grouped kv heads
+    (`enable_gqa` is the flash and math kernels' only), so their kv heads are repeated per group."""
+    if name != "sdpa_flash" and q.shape[1] != k.shape[1]:
+        repeat = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    try:
+        with restrict_sdpa(name):
+            return _sdpa(q, k, v)
+    except RuntimeError as e:
+        if "No viable backend" not in str(e) and "No available kernel" not in str(e):
+            raise
+        raise UserError(
+            f"backend: {name} has no kernel for {q.device.type} {str(q.dtype).removeprefix('torch.')} "
+            f"heads {q.shape[-1]} wide; allowed there: auto, sdpa, math"
+        ) from None
 
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -53,11 +53,11 @@ def test_resolve(fake_flash, monkeypatch):
     assert backends.resolve("auto", cpu, torch.bfloat16, head_dim=32) == "sdpa"  # 64 wide: test_fast_paths
     assert backends.resolve("auto", CUDA, torch.bfloat16) == "flash_attn"
     assert backends.resolve("auto", CUDA, torch.float16) == "flash_attn"
-    assert backends.resolve("auto", CUDA, torch.float32) == "sdpa"  # flash-attn has no fp32 kernels
+    assert backends.resolve("auto", CUDA, torch.float32) == "sdpa_efficient"  # flash-attn: no fp32 kernels
     for name in ("math", "sdpa", "flash_attn"):
         assert backends.resolve(name, cpu, torch.float32) == name
     monkeypatch.setitem(sys.modules, "flash_attn", None)
-    assert backends.resolve("auto", CUDA, torch.bfloat16) == "sdpa"
+    assert backends.resolve("auto", CUDA, torch.bfloat16) == "sdpa_flash"  # test_cuda_kernels
 
 
 def test_unknown_backend():

@@ -11,7 +11,8 @@ from ablate.model.decoder import build_model
 
 
 @pytest.mark.parametrize(
-    "attention, backend", [("diff", "blockwise"), ("diff", "sdpa_padded"), ("softmax", "sdpa")]
+    "attention, backend",
+    [("diff", "blockwise"), ("diff", "sdpa_padded"), ("diff", "sdpa_flash"), ("softmax", "sdpa")],
 )
 def test_compiled_model_matches_eager(attention, backend):
     config = {
