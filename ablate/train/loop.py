@@ -63,6 +63,14 @@ def quiet_lightning() -> None:
     )  # a budget's run resuming from its branch point, saved in the longest run's folder
 
 
+def compile_seconds() -> float:
+    """Seconds this process has spent in torch.compile so far (forward and backward graphs, recompiles
+    included), from dynamo's own accounting; 0 before anything compiled."""
+    from torch._dynamo.utils import calculate_time_spent
+
+    return float(calculate_time_spent().get("total_wall_time", 0.0))
+
+
 class Diverged(RuntimeError):
     """The training loss became NaN or infinite."""
 
@@ -110,6 +118,7 @@ class LMModule(L.LightningModule):
         self._clock = (time.perf_counter(), 0)
         self._val: dict[str, torch.Tensor] = {}
         self.compiled = torch.compile(model) if cfg.compile else model
+        self._compile_clock = (compile_seconds(), compile_seconds())  # (at start, at the last log)
 
     # --- training -------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -155,8 +164,9 @@ class LMModule(L.LightningModule):
         if self.sink is None:
             return  # not global rank 0
         now, last_step = time.perf_counter(), self._clock[1]
-        seconds = now - self._clock[0]
-        self._clock = (now, step)
+        compiled = compile_seconds()  # compile time is reported apart, not counted as training time
+        seconds = now - self._clock[0] - (compiled - self._compile_clock[1])
+        self._clock, self._compile_clock = (now, step), (self._compile_clock[0], compiled)
         metrics = {
             "train/loss": loss,
             "lr": self.trainer.optimizers[0].param_groups[0]["lr"],
@@ -166,6 +176,8 @@ class LMModule(L.LightningModule):
             if seconds > 0
             else float("nan"),
         }
+        if self.cfg.compile:
+            metrics["compile_s"] = compiled - self._compile_clock[0]
         self.sink(metrics, step)
 
     def configure_optimizers(self):
@@ -258,6 +270,7 @@ class TrainResult:
     accuracy: float = float("nan")  # tasks: exact match on the held-out samples
     steps: int = 0
     seconds: float = 0.0
+    compile_seconds: float = 0.0  # of `seconds`, spent in torch.compile (`train.compile`)
     reason: str = ""
     history: list[dict[str, float]] = field(default_factory=list)
 
@@ -273,9 +286,12 @@ class TrainResult:
         return (
             f"{self.name}: val loss {self.val_loss:.4f}  AR-Hit {self.ar_hit:.4f}  Others {self.others:.4f}  "
             f"(AR-Hit share {self.ar_hit_share:.1%})  {self.tokens_per_s:,.0f} tokens/s  "
-            f"{self.steps} steps in {self.seconds:.0f} s; MLflow run {self.run_id}"
+            f"{self.steps} steps in {self.seconds:.0f} s{self._compiled()}; MLflow run {self.run_id}"
             + ("  [already finished]" if self.status == "already-finished" else "")
         )
+
+    def _compiled(self) -> str:
+        return f" ({self.compile_seconds:.0f} s of it compiling)" if self.compile_seconds > 0 else ""
 
 
 def shape_tags(run: RunSpec) -> dict[str, str]:
@@ -479,7 +495,7 @@ def _fit(
     precision = choose_precision(cfg.precision, training_device(cfg.accelerator))[
         0
     ]  # `auto` resolved, same rule
-    started = time.perf_counter()
+    started, compiled_before = time.perf_counter(), compile_seconds()
     with launch.local_ranks(run, workspace, folder) as plugins:
         trainer = L.Trainer(
             accelerator=cfg.accelerator,
@@ -495,7 +511,11 @@ def _fit(
             num_sanity_val_steps=0,
             logger=False,
             callbacks=[checkpoint, _SameRanks(rank, world), LayerStats(), *callbacks]
-            + ([StepProgress(cfg.batch_tokens)] if progress and rank == 0 else []),
+            + (
+                [StepProgress(cfg.batch_tokens, compile_clock=compile_seconds if cfg.compile else None)]
+                if progress and rank == 0
+                else []
+            ),
             plugins=plugins,
             enable_progress_bar=progress and rank == 0,
             enable_model_summary=False,
@@ -507,6 +527,7 @@ def _fit(
         if not module.history or module.history[-1]["step"] != trainer.global_step:
             trainer.validate(module, val, verbose=False)
     seconds = time.perf_counter() - started
+    compiling = compile_seconds() - compiled_before
     if task is not None and sink is not None:  # Table 3: attention to answer and noise, on held-out samples
         from ablate.analysis import task_attention_metrics
 
@@ -524,9 +545,12 @@ def _fit(
         others=final.get("val/others", math.nan),
         ar_hit_share=final.get("val/ar_hit_share", math.nan),
         accuracy=final.get("val/accuracy", math.nan),
-        tokens_per_s=trained_steps * cfg.batch_tokens / seconds if seconds > 0 else float("nan"),
+        tokens_per_s=trained_steps * cfg.batch_tokens / (seconds - compiling)
+        if seconds > compiling
+        else float("nan"),
         steps=trainer.global_step,
         seconds=seconds,
+        compile_seconds=compiling,
         history=module.history,
     )
 

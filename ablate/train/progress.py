@@ -6,7 +6,8 @@ Lightning's default bar counts micro-batches of an epoch it cannot size (`Epoch 
 1.74it/s]`). This one counts optimizer steps against `max_steps` (a resumed run starts at its checkpoint's
 step), shows the tokens seen, the last optimizer step's training loss (mean over its micro-batches, as
 logged), the last validation loss, the throughput of this process since it started (validation time
-included, so the ETA holds) and the time left at that rate. Validation has no bar of its own.
+included, so the ETA holds) and the time left at that rate. Validation has no bar of its own. A compiled
+model (`train.compile`) adds the time spent compiling so far (`compile 0:42`), which the rate leaves out.
 
 On a terminal the line is redrawn in place (at most every `refresh_seconds`); into a file or a pipe
 (sweep workers, CI logs) it is printed as a whole line every `log_seconds` and once at the end.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import lightning.pytorch as L
@@ -43,6 +45,7 @@ def progress_line(
     val_loss: float,
     tokens_per_s: float,
     elapsed: float,
+    compile_seconds: float = 0.0,
 ) -> str:
     """The progress line of the module doc (pure: the callback only gathers its numbers)."""
     parts = [
@@ -56,6 +59,8 @@ def progress_line(
     parts.append(f"{si(tokens_per_s)} tok/s" if rate_ok else "- tok/s")
     eta = (total - step) * batch_tokens / tokens_per_s if rate_ok else math.nan
     parts += [f"elapsed {format_duration(elapsed)}", f"ETA {format_duration(eta)}"]
+    if compile_seconds > 0:
+        parts.append(f"compile {format_duration(compile_seconds)}")
     return "  ".join(parts)
 
 
@@ -68,8 +73,12 @@ class StepProgress(ProgressBar):
         stream: TextIO | None = None,
         refresh_seconds: float = 0.5,
         log_seconds: float = 30.0,
+        compile_clock: Callable[[], float] | None = None,
     ) -> None:
+        """`compile_clock`: seconds spent compiling in this process so far (a compiled model), else None."""
         super().__init__()
+        self.compile_clock = compile_clock
+        self._compiled_before = 0.0
         self.batch_tokens = batch_tokens
         self.stream = stream
         self.refresh_seconds, self.log_seconds = refresh_seconds, log_seconds
@@ -95,6 +104,7 @@ class StepProgress(ProgressBar):
     # --- hooks ---------------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = (time.perf_counter(), trainer.global_step)
+        self._compiled_before = self.compile_clock() if self.compile_clock else 0.0
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -137,8 +147,10 @@ class StepProgress(ProgressBar):
     def line(self, trainer: L.Trainer, now: float) -> str:
         start_clock, start_step = self._start
         elapsed = now - start_clock
+        compiling = self.compile_clock() - self._compiled_before if self.compile_clock else 0.0
         done = trainer.global_step - start_step
-        rate = done * self.batch_tokens / elapsed if done > 0 and elapsed > 0 else math.nan
+        training = elapsed - compiling
+        rate = done * self.batch_tokens / training if done > 0 and training > 0 else math.nan
         val = trainer.callback_metrics.get("val/loss")
         return progress_line(
             trainer.global_step,
@@ -148,6 +160,7 @@ class StepProgress(ProgressBar):
             float(val) if val is not None else math.nan,
             rate,
             elapsed,
+            compiling,
         )
 
     def _show(self, trainer: L.Trainer, now: float, end: bool = False) -> None:
