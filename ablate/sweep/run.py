@@ -418,8 +418,6 @@ def run_sweep(
     With `train=False` it only enqueues the trials and creates the MLflow parent run: `ablate worker`s on
     other machines train them, and `ablate report` writes the report afterwards.
     """
-    from ablate.report.write import write_report
-
     study, storage = open_study(ctx)
     plans = ctx.plans()
     pending = pending_plans(study, plans)
@@ -453,6 +451,8 @@ def run_sweep(
         return None
     folder = report_folder(ctx, reports)
     if pending or not (folder / "table.md").exists():
+        from ablate.report.write import write_report  # here: enqueuing and training need no report libraries
+
         report_dir = write_report(ctx, study, folder)
     else:
         print(

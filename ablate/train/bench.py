@@ -37,6 +37,7 @@ being 1). Given dense (the budget's convention) and causal (masked half skipped)
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import os
 import statistics
@@ -135,7 +136,8 @@ def run_bench(
     ops: DeviceOps | None = None,
     echo: bool = True,
 ) -> Path:
-    """Measure, write `<out>/bench.csv`, `bench.md` and `bench.png`; returns the folder.
+    """Measure, write `<out>/bench.csv`, `bench.md` and `bench.png` (where matplotlib is installed);
+    returns the folder.
 
     `overrides`: dotted recipe overrides, as the other verbs take them; `backend` overrides every arm's
     `attention_backend`; `compile` wraps each model in `torch.compile` (as `train.compile` does);
@@ -269,7 +271,10 @@ def run_bench(
     (folder / "bench.md").write_text(text)
     ratio_rows = ratios(rows, variants, backends_used, ceilings)
     _write_rows(ratio_rows, folder / "ratios.csv")
-    _plot(rows, variants, ceilings, folder / "bench.png")
+    if importlib.util.find_spec("matplotlib") is not None:
+        _plot(rows, variants, ceilings, folder / "bench.png")
+    else:  # a GPU image without it (benchmarks/device): the tables are the results, the figure is not
+        say("bench.png not drawn: matplotlib is not installed")
     say(text)
     return folder
 

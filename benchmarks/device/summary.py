@@ -1,0 +1,140 @@
+"""The device check's README.md: the card, the commands, each part's status and headline numbers, and what
+each number means, from whatever the parts wrote (stdlib only: it runs before anything is installed)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import time
+from pathlib import Path
+
+MEANINGS = """\
+## What each number means
+
+- `a_kernels.csv`: per attention kind (softmax, diff), backend, dtype and kv-head count (all heads, or
+  half: grouped-query attention), the relative Frobenius error `|x - x64| / |x64|` of the output and the
+  largest over the gradients (q, k, v and, for diff, λ) against float64 formulas written in
+  `benchmarks/device/kernels.py`, on random inputs (2 sequences of `seq`, heads `width` wide; diff's V is
+  2 x `width`). Tolerance: 2e-4 in float32, 3e-2 in bfloat16 (inputs rounded to bf16 first, so the
+  reference sees the same numbers). `resolved`: the core `auto` (or the name) runs there; `sdpa_ops`: the
+  SDPA operators that ran, which name the fused kernel (flash, efficient, cudnn, or the CPU's flash
+  kernel); `n/a`: the backend has no kernel for that device or dtype (the note says why).
+- `a_timing.csv`: median milliseconds of one forward + backward of the attention core alone at the
+  `small` scale's heads (Transformer 12 x 64, Diff 6 x 2 x 64), 2 sequences.
+- `b_bench/`: `ablate bench` (its `bench.md` explains every column): training tokens/s (forward,
+  backward, AdamW), peak memory above the weights and optimizer state, and MFU against the card's matmul
+  peak measured in the same run (bf16 square GEMMs).
+- `c_train.csv`: the training curves of part c as MLflow logged them (train/loss every 10 steps,
+  val/loss every 100, tokens/s of the interval).
+- `d_budgets.csv`: part d's validation loss, AR-Hit and Others at every token budget per variant and seed
+  (the budgets below the largest are cooldowns branched off the longest run); a budget missing there did
+  not finish in the time left.
+- `parts.csv`: each part's status and seconds; `logs/`: each part's output; `stores/`: the MLflow and
+  Optuna stores (`ablate report` and `ablate ui` read them on a machine with the full install).
+"""
+
+
+def read_csv(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def table(rows: list[dict], columns: list[str]) -> list[str]:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return lines + ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows]
+
+
+def kernels_section(out: Path) -> list[str]:
+    rows = read_csv(out / "a_kernels.csv")
+    if not rows:
+        return ["(no results)"]
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("pass", "FAIL", "error", "n/a")}
+    lines = [", ".join(f"{n} {s}" for s, n in counts.items()) + f" of {len(rows)} checks.", ""]
+    auto = [r for r in rows if r["backend"] == "auto" and r["kv_heads"] == rows[0]["kv_heads"]]
+    lines += ["`auto` runs: " + "; ".join(f"{r['kind']} {r['dtype']} -> {r['resolved']}" for r in auto), ""]
+    bad = [r for r in rows if r["status"] in ("FAIL", "error")]
+    if bad:
+        lines += table(
+            bad, ["kind", "backend", "dtype", "kv_heads", "out_rel_err", "grad_rel_err", "note"]
+        ) + [""]
+    timing = read_csv(out / "a_timing.csv")
+    return lines + (
+        table(timing, ["kind", "backend", "dtype", "seq", "heads", "ms_fwd_bwd"]) if timing else []
+    )
+
+
+def train_section(out: Path) -> list[str]:
+    rows = read_csv(out / "c_train.csv")
+    summary = []
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        mine = [r for r in rows if r["variant"] == variant]
+        losses = [(int(r["step"]), float(r["train/loss"])) for r in mine if r.get("train/loss")]
+        vals = [float(r["val/loss"]) for r in mine if r.get("val/loss")]
+        rates = [float(r["tokens_per_s"]) for r in mine if r.get("tokens_per_s")]
+        if not losses:
+            continue
+        summary.append({
+            "variant": variant, "steps": losses[-1][0], "first train loss": f"{losses[0][1]:.3f}",
+            "last train loss": f"{losses[-1][1]:.3f}", "last val loss": f"{vals[-1]:.3f}" if vals else "",
+            "median tokens/s": f"{statistics.median(rates):,.0f}" if rates else "",
+            "loss falling": "yes" if losses[-1][1] < losses[0][1] else "NO",
+        })  # fmt: skip
+    return table(summary, list(summary[0])) if summary else ["(no results)"]
+
+
+def budgets_section(out: Path) -> list[str]:
+    rows = [r for r in read_csv(out / "d_budgets.csv") if r["val_loss"] and r["status"] == "FINISHED"]
+    cells: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        cells.setdefault((r["variant"], r["budget_tokens"]), []).append(float(r["val_loss"]))
+    summary = [
+        {"variant": v, "budget tokens": b, "seeds": len(x), "mean val loss": f"{statistics.mean(x):.4f}"}
+        for (v, b), x in cells.items()
+    ]
+    return table(summary, list(summary[0])) if summary else ["(no finished budget)"]
+
+
+def write_readme(out: Path, parts: list[dict], args, argv: list[str]) -> None:
+    info = json.loads((out / "device.json").read_text()) if (out / "device.json").exists() else {}
+    card = info.get("name", args.device)
+    bench = read_csv(out / "b_bench" / "bench.csv")
+    lines = [
+        f"# Device check: {card}",
+        "",
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch {info.get('torch', '?')}, CUDA "
+        f"{info.get('cuda') or '-'}; device `{args.device}`{' (dry run: tiny sizes)' if args.dry else ''}.",
+        "",
+        "```",
+        "python benchmarks/device/wheels.py      # beforehand, on a machine with a package index",
+        "python "
+        + " ".join(Path(a).name if i == 0 else a for i, a in enumerate(argv)).replace(
+            "check.py", "benchmarks/device/check.py", 1
+        ),
+        "```",
+        "",
+        "## Parts",
+        "",
+        *table(parts, ["part", "status", "seconds", "limit_s", "note"]),
+        "",
+        "## (a) attention kernels against float64",
+        "",
+        *kernels_section(out),
+        "",
+        "## (b) `ablate bench`",
+        "",
+        *(table(bench, list(bench[0])) if bench else ["(no results)"]),
+        "",
+        "## (c) `ablate train`: Transformer and Diff",
+        "",
+        *train_section(out),
+        "",
+        "## (d) token budgets 8x the CPU study's",
+        "",
+        *budgets_section(out),
+        "",
+        MEANINGS,
+    ]
+    (out / "README.md").write_text("\n".join(lines))
