@@ -1,22 +1,25 @@
 """The device check: one prepared run that proves the GPU path on a machine lent for minutes.
 
-    python benchmarks/device/check.py --out DIR [--device cuda|cpu] [--dry] [--budget-s 450]
+    python benchmarks/device/check.py --out DIR [--device cuda|cpu] [--dry] [--budget-s 450] [--parts ...]
 
 It first installs what the image lacks from the wheels `benchmarks/device/wheels.py` fetched beside it
 (`pip install --no-index --find-links`, and this working tree itself, whose entry points register the
-components), then runs four parts, each in a child process held to its own time box, so a part that
+components), then runs five parts in this order, each in a child process held to its own time box, so a part that
 fails or overruns loses nothing the others wrote:
 
   a  every attention kind and backend on the device against float64 (benchmarks/device/kernels.py)
   b  `ablate bench` at the `small` scale, sequences 1024, 2048, 4096: tokens/s, peak memory, MFU
   c  200 steps of the `small` Transformer and Diff in bf16-mixed through `ablate train`, logged to MLflow
+  e  100 steps of each with `train.compile: true`: compile time apart from training time, tokens/s
   d  with the time left: the `cpu-tokens` width at 8x the CPU study's budgets (every budget from one
      run; Transformer and Diff; 3 seeds), through `ablate sweep --no-train` and parallel `ablate worker`s
 
-and last collects the curves and budget losses from the MLflow store. Everything lands in DIR: the CSV
-files, `b_bench/`, `logs/`, `parts.csv` (each part's status and seconds), the MLflow and Optuna stores
-(`stores/`), and README.md (the card, the commands, what each number means), rewritten after every part.
-`--dry` shrinks every part to a size a CPU runs in about a minute (the test suite runs it).
+and last collects the curves and budget losses from the MLflow store. a, b, c and e may take 7 of the
+default 7.5 minutes; `--parts d --out DIR2` runs d alone, with the whole budget, in a second run.
+Everything lands in DIR: the CSV files, `b_bench/`, `logs/`, `parts.csv` (each part's status and
+seconds), the MLflow and Optuna stores (`stores/`), and README.md (the card, the commands, what each
+number means), rewritten after every part. `--dry` shrinks every part to a size a CPU runs in minutes
+(the test suite runs it with `--device cpu`).
 
 Written as a script of stdlib at its top level, because it starts where jsonargparse, MLflow and
 Optuna are not installed yet; each part imports the library in its own child process.
@@ -44,7 +47,7 @@ ROOT = HERE.parents[1]
 NEEDED = {"jsonargparse": "jsonargparse", "docstring_parser": "docstring-parser", "mlflow": "mlflow-skinny",
           "sqlalchemy": "sqlalchemy", "alembic": "alembic", "optuna": "optuna"}  # fmt: skip
 # each part's share of the budget (d takes what is left, less what `collect` needs)
-PARTS = {"a": 60, "b": 100, "c": 180, "d": None}
+PARTS = {"a": 60, "b": 100, "c": 150, "e": 120, "d": None}
 COLLECT_S = 40
 
 
@@ -102,6 +105,9 @@ def main() -> None:
         "--workspace", type=Path, default=None, help="stores and checkpoints (default: a temporary folder)"
     )
     parser.add_argument("--workers", type=int, default=3, help="part d's parallel workers")
+    parser.add_argument(
+        "--parts", nargs="+", default=list(PARTS), choices=list(PARTS), help="which, in order"
+    )
     parser.add_argument("--part", help=argparse.SUPPRESS)  # a child: run this one part
     args = parser.parse_args()
     out = args.out.resolve()
@@ -121,7 +127,8 @@ def main() -> None:
     write_readme(out, rows, args, sys.argv)
     base = [sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--device", args.device,
             "--workspace", str(workspace), "--workers", str(args.workers)] + (["--dry"] if args.dry else [])  # fmt: skip
-    for part, share in PARTS.items():
+    for part in args.parts:
+        share = PARTS[part]
         left = args.budget_s - (time.monotonic() - started) - COLLECT_S
         # a dry run keeps only the whole budget as a hang guard: a loaded CPU may take any part's share
         limit = left if share is None or args.dry else min(share, left)
@@ -159,6 +166,8 @@ def child(part: str, out: Path, workspace: Path, args: argparse.Namespace) -> No
         runs.bench(out, recipe, args.device, args.dry)
     elif part == "c":
         runs.train(out, recipe, workspace, args.dry)
+    elif part == "e":
+        runs.compiled(out, recipe, workspace, args.dry)
     elif part == "d":
         runs.budgets(out, recipe, workspace, args.dry, args.workers)
     elif part == "collect":

@@ -73,7 +73,10 @@ def write_recipe(path: Path, *, dry: bool, device: str, corpus: Path | None = No
             "budgets": {"tokens": [1024, 2048]},
             "variants": [VARIANTS[1]],
         }
-    recipe["scales"] = {"train-small": train_small, "tokens-8x": tokens_8x}
+    compiled = copy.deepcopy(train_small)  # part e: the same runs under torch.compile, fewer steps
+    compiled["train"] |= {"compile": True, "steps": 2 if dry else 100, "warmup_steps": 1 if dry else 10}
+    compiled["train"] |= {"val_every": compiled["train"]["steps"]}
+    recipe["scales"] = {"train-small": train_small, "train-compile": compiled, "tokens-8x": tokens_8x}
     recipe["default_scale"] = "train-small"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True))
     return path
@@ -109,6 +112,14 @@ def train(out: Path, recipe: Path, workspace: Path, dry: bool) -> None:
             log=out / "logs" / "c_train.log")  # fmt: skip
 
 
+def compiled(out: Path, recipe: Path, workspace: Path, dry: bool) -> None:
+    """(e) `train.compile: true` on the device: Diff, then the Transformer, through `ablate train` (compile
+    time reported apart: `compile_s`); a dry run compiles Diff alone."""
+    for variant in VARIANTS[1:] if dry else VARIANTS[::-1]:
+        cli("train", str(recipe), "--scale", "train-compile", "--variant", variant, "--workspace", str(workspace),
+            log=out / "logs" / "e_compile.log")  # fmt: skip
+
+
 def budgets(out: Path, recipe: Path, workspace: Path, dry: bool, workers: int) -> None:
     """(d) the `cpu-tokens` width at 8x budgets: the sweep's trials enqueued, then `workers` workers train
     them side by side until none is left (or the part's time runs out: finished budgets are kept). A dry
@@ -136,7 +147,7 @@ def collect(out: Path, workspace: Path) -> None:
 
     client = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(workspace, None))
     curves, finals = [], []
-    for scale, rows in (("train-small", curves), ("tokens-8x", finals)):
+    for scale, rows in (("train-small", curves), ("train-compile", curves), ("tokens-8x", finals)):
         experiment = client.get_experiment_by_name(tracking.experiment_name("device-check", scale))
         if experiment is None:
             continue
@@ -144,10 +155,10 @@ def collect(out: Path, workspace: Path) -> None:
             tags, metrics = run.data.tags, run.data.metrics
             if "ablate.variant" not in tags:
                 continue  # a sweep's parent run
-            who = {"variant": tags["ablate.variant"], "seed": tags.get("ablate.seed", "")}
-            if scale == "train-small":
+            who = {"scale": scale, "variant": tags["ablate.variant"], "seed": tags.get("ablate.seed", "")}
+            if scale != "tokens-8x":
                 history = {}
-                for key in ("train/loss", "val/loss", "tokens_per_s"):
+                for key in ("train/loss", "val/loss", "tokens_per_s", "compile_s"):
                     for m in client.get_metric_history(run.info.run_id, key):
                         history.setdefault(m.step, {})[key] = m.value
                 rows += [{**who, "step": s, **history[s]} for s in sorted(history)]
@@ -155,9 +166,8 @@ def collect(out: Path, workspace: Path) -> None:
                 rows.append({**who, "budget_tokens": tags.get("ablate.budget_tokens", ""),
                              "status": run.info.status, "val_loss": metrics.get("val/loss", ""),
                              "ar_hit": metrics.get("val/ar_hit", ""), "others": metrics.get("val/others", "")})  # fmt: skip
-    write_csv(
-        out / "c_train.csv", curves, ["variant", "seed", "step", "train/loss", "val/loss", "tokens_per_s"]
-    )
+    columns = ["scale", "variant", "seed", "step", "train/loss", "val/loss", "tokens_per_s", "compile_s"]
+    write_csv(out / "c_train.csv", curves, columns)
     finals.sort(key=lambda r: (r["variant"], r["seed"], int(r["budget_tokens"] or 0)))
     write_csv(
         out / "d_budgets.csv",

@@ -25,8 +25,11 @@ MEANINGS = """\
 - `b_bench/`: `ablate bench` (its `bench.md` explains every column): training tokens/s (forward,
   backward, AdamW), peak memory above the weights and optimizer state, and MFU against the card's matmul
   peak measured in the same run (bf16 square GEMMs).
-- `c_train.csv`: the training curves of part c as MLflow logged them (train/loss every 10 steps,
-  val/loss every 100, tokens/s of the interval).
+- `c_train.csv`: the training curves of parts c (`scale` train-small) and e (train-compile) as MLflow
+  logged them: train/loss every 10 steps, val/loss every 100 (and at the end), tokens/s of the interval
+  without the time spent compiling, and `compile_s`, the seconds spent in torch.compile so far (part e).
+  The tables above: first and last logged training loss, last validation loss, median tokens/s of the
+  intervals, the last `compile_s`.
 - `d_budgets.csv`: part d's validation loss, AR-Hit and Others at every token budget per variant and seed
   (the budgets below the largest are cooldowns branched off the longest run); a budget missing there did
   not finish in the time left.
@@ -66,8 +69,8 @@ def kernels_section(out: Path) -> list[str]:
     )
 
 
-def train_section(out: Path) -> list[str]:
-    rows = read_csv(out / "c_train.csv")
+def train_section(out: Path, scale: str) -> list[str]:
+    rows = [r for r in read_csv(out / "c_train.csv") if r["scale"] == scale]
     summary = []
     for variant in dict.fromkeys(r["variant"] for r in rows):
         mine = [r for r in rows if r["variant"] == variant]
@@ -82,6 +85,9 @@ def train_section(out: Path) -> list[str]:
             "median tokens/s": f"{statistics.median(rates):,.0f}" if rates else "",
             "loss falling": "yes" if losses[-1][1] < losses[0][1] else "NO",
         })  # fmt: skip
+        compiling = [float(r["compile_s"]) for r in mine if r.get("compile_s")]
+        if compiling:
+            summary[-1]["compile s"] = f"{compiling[-1]:.0f}"
     return table(summary, list(summary[0])) if summary else ["(no results)"]
 
 
@@ -101,6 +107,11 @@ def write_readme(out: Path, parts: list[dict], args, argv: list[str]) -> None:
     info = json.loads((out / "device.json").read_text()) if (out / "device.json").exists() else {}
     card = info.get("name", args.device)
     bench = read_csv(out / "b_bench" / "bench.csv")
+    ran = {row["part"] for row in parts}
+
+    def section(part: str, lines: list[str]) -> list[str]:
+        return lines if part in ran else ["(not run)"]
+
     lines = [
         f"# Device check: {card}",
         "",
@@ -121,19 +132,23 @@ def write_readme(out: Path, parts: list[dict], args, argv: list[str]) -> None:
         "",
         "## (a) attention kernels against float64",
         "",
-        *kernels_section(out),
+        *section("a", kernels_section(out)),
         "",
         "## (b) `ablate bench`",
         "",
-        *(table(bench, list(bench[0])) if bench else ["(no results)"]),
+        *section("b", table(bench, list(bench[0])) if bench else ["(no results)"]),
         "",
         "## (c) `ablate train`: Transformer and Diff",
         "",
-        *train_section(out),
+        *section("c", train_section(out, "train-small")),
+        "",
+        "## (e) `ablate train` with `train.compile: true`",
+        "",
+        *section("e", train_section(out, "train-compile")),
         "",
         "## (d) token budgets 8x the CPU study's",
         "",
-        *budgets_section(out),
+        *section("d", budgets_section(out)),
         "",
         MEANINGS,
     ]
