@@ -65,9 +65,12 @@ def quiet_lightning() -> None:
 
 def compile_seconds() -> float:
     """Seconds this process has spent in torch.compile so far (forward and backward graphs, recompiles
-    included), from dynamo's own accounting; 0 before anything compiled."""
-    from torch._dynamo.utils import calculate_time_spent
-
+    included), from dynamo's own accounting (a private API: 0 where a torch version lacks it); 0 before
+    anything compiled."""
+    try:
+        from torch._dynamo.utils import calculate_time_spent
+    except ImportError:
+        return 0.0
     return float(calculate_time_spent().get("total_wall_time", 0.0))
 
 
@@ -390,6 +393,8 @@ def train_run(
             tracking.log_metrics(client, run_id, metrics, step)
 
         result = _fit(run, cfg, tokens, folder, sink, progress, callbacks or [], workspace)
+        if cfg.compile:  # the whole run's, validation's compiling included
+            sink({"compile_s": result.compile_seconds}, result.steps)
     except Diverged as e:
         client.set_tag(run_id, tracking.TAG + "failure_reason", str(e))
         client.set_terminated(run_id, status="FAILED")
