@@ -51,27 +51,38 @@ PARTS = {"a": 60, "b": 100, "c": 150, "e": 120, "d": None}
 COLLECT_S = 40
 
 
-def install(out: Path, wheels: Path) -> str:
-    """Install the missing packages from `wheels`, and this working tree where its components are not
-    registered; returns what was done."""
-    log = out / "logs" / "install.log"
+def install(out: Path, wheels: Path) -> tuple[bool, str]:
+    """Install the missing packages from `wheels`, then this working tree where its components are not
+    registered (each step tried whatever the other's outcome); returns (all done, what was done)."""
     missing = [dist for module, dist in NEEDED.items() if importlib.util.find_spec(module) is None]
-    pip = [sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(wheels)]
-    done = []
-    with log.open("a") as f:
+    steps = []
+    with (out / "logs" / "install.log").open("a") as log:
+
+        def pip(*args: str) -> bool:
+            command = [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--no-index",
+                "--find-links",
+                str(wheels),
+                *args,
+            ]
+            if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode == 0:
+                return True
+            # a system Python (PEP 668) or a read-only one: the user's site-packages instead
+            user = [*command, "--user", "--break-system-packages"]
+            return subprocess.run(user, stdout=log, stderr=subprocess.STDOUT).returncode == 0
+
         if missing:
-            if subprocess.run([*pip, *missing], stdout=f, stderr=subprocess.STDOUT).returncode:
-                # a system Python (PEP 668) or a read-only one: the user's site-packages instead
-                user = [*pip, "--user", "--break-system-packages"]
-                subprocess.run([*user, *missing], stdout=f, stderr=subprocess.STDOUT, check=True)
-            done.append("installed " + ", ".join(missing))
+            steps.append((pip(*missing), ", ".join(missing)))
         if not entry_points(group="ablate.components"):
-            if importlib.util.find_spec("setuptools") is None:
-                subprocess.run([*pip, "setuptools"], stdout=f, stderr=subprocess.STDOUT, check=True)
-            subprocess.run([*pip, "--no-deps", "--no-build-isolation", "-e", str(ROOT)], stdout=f,
-                           stderr=subprocess.STDOUT, check=True)  # fmt: skip
-            done.append("installed this working tree (editable)")
-    return "; ".join(done) or "nothing to install"
+            tools = importlib.util.find_spec("setuptools") is not None or pip("setuptools")
+            tree = tools and pip("--no-deps", "--no-build-isolation", "-e", str(ROOT))
+            steps.append((tree, "this working tree (editable)"))
+    note = "; ".join(("installed " if ok else "FAILED to install ") + what for ok, what in steps)
+    return all(ok for ok, _ in steps), note or "nothing to install"
 
 
 def run_part(part: str, argv: list[str], limit_s: float, out: Path) -> dict:
@@ -118,12 +129,10 @@ def main() -> None:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     from summary import write_readme  # benchmarks/device/summary.py: stdlib only
 
-    rows = [{"part": "install", "status": "ok", "seconds": 0.0, "limit_s": ""}]
-    try:
-        rows[0]["note"] = install(out, args.wheels)
-    except subprocess.CalledProcessError as e:
-        rows[0] |= {"status": f"failed (exit {e.returncode})", "note": "logs/install.log"}
-    rows[0]["seconds"] = round(time.monotonic() - started, 1)
+    ok, note = install(out, args.wheels)
+    seconds = round(time.monotonic() - started, 1)
+    rows = [{"part": "install", "status": "ok" if ok else "failed (logs/install.log)", "seconds": seconds,
+             "limit_s": "", "note": note}]  # fmt: skip
     write_readme(out, rows, args, sys.argv)
     base = [sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--device", args.device,
             "--workspace", str(workspace), "--workers", str(args.workers)] + (["--dry"] if args.dry else [])  # fmt: skip
