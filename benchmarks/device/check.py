@@ -1,4 +1,4 @@
-"""The device check: one prepared run that proves the GPU path on a machine lent for minutes.
+"""The device check: one prepared run that proves the GPU path on a machine available for minutes.
 
     python benchmarks/device/check.py --out DIR [--device cuda|cpu] [--dry] [--budget-s 450] [--parts ...]
 
