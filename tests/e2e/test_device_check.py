@@ -1,5 +1,5 @@
 """The device check (benchmarks/device/check.py): its dry run end to end on CPU, as the GPU machine runs
-it (scipy, matplotlib and zstandard hidden: the image lacks them), and a part that fails or
+it (scipy, matplotlib, zstandard, pandas and threadpoolctl hidden: the image lacks them), and a part that fails or
 overruns its time box losing nothing the others wrote. Part e (`train.compile`) is left out of the dry
 run: inductor takes minutes on a 2-core CPU (tests/components/test_compile.py checks the compiled model,
 tests/ablate/test_compile_time.py its compile time apart)."""
@@ -25,7 +25,7 @@ HIDING = """
 import sys
 from importlib.machinery import PathFinder
 
-BLOCKED = {"scipy", "matplotlib", "zstandard"}
+BLOCKED = {"scipy", "matplotlib", "zstandard", "pandas", "threadpoolctl"}
 
 
 class Hiding:
