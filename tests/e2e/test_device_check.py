@@ -1,8 +1,8 @@
 """The device check (benchmarks/device/check.py): its dry run end to end on CPU, as the GPU machine runs
-it (scipy, matplotlib, zstandard, pandas and threadpoolctl hidden: the image lacks them), and a part that fails or
-overruns its time box losing nothing the others wrote. Part e (`train.compile`) is left out of the dry
-run: inductor takes minutes on a 2-core CPU (tests/components/test_compile.py checks the compiled model,
-tests/ablate/test_compile_time.py its compile time apart)."""
+it (scipy, matplotlib, zstandard, pandas and threadpoolctl hidden: the image lacks them), and a part that
+fails or overruns its time box losing nothing the others wrote. Part e (`train.compile`) is left out of
+the dry run: inductor takes minutes on a 2-core CPU (tests/components/test_compile.py checks the compiled
+model, tests/ablate/test_compile_time.py its compile time apart)."""
 
 from __future__ import annotations
 
