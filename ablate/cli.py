@@ -194,6 +194,7 @@ def sweep(
     allow_unmatched: bool = False,
     no_train: bool = False,
     grace_period: float = 60.0,
+    final: bool = False,
     *,
     overrides: list | None = None,
     **options: Any,
@@ -208,6 +209,7 @@ def sweep(
         allow_unmatched: train variants beyond the FLOPs tolerance
         no_train: only enqueue the trials and create the MLflow parent run; `ablate worker`s train them
         grace_period: seconds without heartbeat after which a trial's worker counts as dead
+        final: the study is final: delete the stable-phase checkpoints kept to extend its budgets
     """
     from ablate.recipe.check import run_check
     from ablate.sweep.run import run_sweep
@@ -227,6 +229,7 @@ def sweep(
         reports=Path(opts.reports),
         overrides_argv=_override_argv(overrides or []),
         train=not no_train,
+        final=final,
     )
     if folder is not None:
         from ablate.store.tracking import sweep_runs_url
