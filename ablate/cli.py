@@ -366,7 +366,7 @@ def bench(
         recipe: recipe YAML file
         scale: scale preset (small: d_model 768, 12 layers)
         variants: variants to time; ratios are against the first (default transformer diff)
-        seq_lens: sequence lengths (default 512 1024 2048 4096)
+        seq_lens: sequence lengths (default 512 1024 2048 4096 and the scale's training length)
         rounds: interleaved rounds; the median is reported
         tokens_per_step: tokens per step: max(1, this // seq_len) sequences
         batch_size: sequences per step, instead of --tokens-per-step
@@ -380,7 +380,7 @@ def bench(
         recipe,
         scale=scale,
         variants=variants or ["transformer", "diff"],
-        seq_lens=seq_lens or [512, 1024, 2048, 4096],
+        seq_lens=seq_lens,
         rounds=rounds,
         out=out,
         batch_size=batch_size,
