@@ -11,6 +11,8 @@ Written beside the main table (which is the largest budget's):
 - `trend.csv`: per row, the change of the gap over the last doubling, and the fitted curves' gap at 10x
   the largest budget (an extrapolation, with a paired seed bootstrap).
 - `time.csv`: the trials' time summed against the largest budget's runs' training time.
+- `predicted_vs_measured.csv`, where the folder holds a `predictions.csv` written before the runs
+  (`ablate.report.predict`): each predicted gap beside the measured one, and whether it held.
 - `gap_vs_tokens.png`: each row's gap against tokens (log axis), markers at the budgets, 95% band.
 
 The change per doubling is the paired change over each doubling: for each seed, (gap at the larger
@@ -320,6 +322,7 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
             for g in gaps
         ],
     )
+    checked = _predictions_section(folder, gaps)
     seeds = sorted({r.seed for r in records})
     seconds = train_seconds(ctx, records)
     (cost,) = time_rows(study, records, seconds)
@@ -340,7 +343,8 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
         f"budget's runs alone trained {cost['longest_runs_train_seconds'] / 60:.1f} min and the branches "
         f"{cost['branch_runs_train_seconds'] / 60:.1f} min: all budgets cost {cost['trials_over_longest_runs']:.2f}x "
         "the largest budget's runs (`time.csv`).\n\n"
-        f"## The gap at each budget\n\n{gap_table}\n\n{family_note}\n\n![gap vs tokens](gap_vs_tokens.png)\n\n"
+        + (checked[0] if checked else "")
+        + f"## The gap at each budget\n\n{gap_table}\n\n{family_note}\n\n![gap vs tokens](gap_vs_tokens.png)\n\n"
         "## The table at each budget\n\n" + "\n\n".join(sections) + "\n"
     )
     written = [folder / "budgets.md"]
@@ -349,6 +353,8 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
     written.append(write_csv(folder / "budgets.csv", [_run_row(r, labels, seconds) for r in records]))
     written.append(write_csv(folder / "gap_vs_tokens.csv", gaps))
     written.append(write_csv(folder / "doublings.csv", doublings))
+    if checked:
+        written.append(write_csv(folder / "predicted_vs_measured.csv", checked[1]))
     written.append(
         write_csv(
             folder / "trend.csv", [{k: v for k, v in t.items() if not k.startswith("_")} for t in trends]
@@ -359,6 +365,47 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
             plot_gaps(gaps, order, folder / "gap_vs_tokens.png", labels[order[0]] if order else "")
         )
     return written
+
+
+def _predictions_section(folder: Path, gaps: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]] | None:
+    """The predictions written before the runs (`predictions.csv` in the folder) against the measured gaps:
+    a markdown section and its rows, or None without predictions."""
+    from ablate.report.predict import against_measured, read_predictions
+
+    if not (folder / "predictions.csv").is_file():
+        return None
+    rows = against_measured(read_predictions(folder / "predictions.csv"), gaps)
+    verdict = {"true": "held", "false": "did not hold", "": "not measured"}
+    table = markdown_table(
+        ["Row", "tokens", "predicted [95%]", "measured [95% CI]", "prediction"],
+        [
+            [
+                r["label"],
+                si(int(r["tokens"])),
+                _signed(float(r["predicted_gap"]), float(r["predicted_lo"]), float(r["predicted_hi"])),
+                _signed(r["measured_gap"], r["measured_lo"], r["measured_hi"])
+                if r["measured_seeds"]
+                else "-",
+                verdict[r["held"]] + (f" (fit: {r['at_bound']})" if r["at_bound"] else ""),
+            ]
+            for r in rows
+        ],
+    )
+    text = (
+        "## Predicted before the runs, and measured\n\n"
+        "`predictions.csv` was written before these budgets were trained, from the fits to the budgets "
+        "measured then (`ablate.report.predict`). A prediction held if the measured mean gap lies inside its "
+        f"interval.\n\n{table}\n\n"
+    )
+    return text, rows
+
+
+def _signed(mean: float, lo: float, hi: float) -> str:
+    """'−0.055 [−0.111, −0.026]': signed, the interval where there is one."""
+    text = stats.format_number(mean, sign=True)
+    if math.isfinite(lo):
+        text += f" [{stats.format_number(lo, sign=True)}, {stats.format_number(hi, sign=True)}]"
+    return text
 
 
 def _run_row(r: Any, labels: dict[str, str], seconds: dict[str, float]) -> dict[str, Any]:
