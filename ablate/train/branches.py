@@ -87,13 +87,16 @@ def stable_checkpoint(workspace: Path, run: RunSpec) -> tuple[int, Path] | None:
 
 
 def _keep_latest(workspace: Path, run: RunSpec, source_run_id: str) -> None:
-    """After the longest run: only its own stable checkpoint stays, with the MLflow run that made it."""
+    """After the longest run: one stable checkpoint stays, the latest, with the MLflow run that made it
+    (this run's; or a longer run's kept before, which keeps its own record)."""
     latest = stable_checkpoint(workspace, run)
     if latest is None:
         return
     for path in stable_folder(workspace, run).glob("step-*.ckpt"):
         if path != latest[1]:
             path.unlink()
+    if latest[0] != run.train.cooldown_start:
+        return
     meta = {"step": latest[0], "run_id": source_run_id, "run_key": run.key}
     (stable_folder(workspace, run) / "source.json").write_text(json.dumps(meta))
 
