@@ -194,6 +194,7 @@ def sweep(
     allow_unmatched: bool = False,
     no_train: bool = False,
     grace_period: float = 60.0,
+    final: bool = False,
     *,
     overrides: list | None = None,
     **options: Any,
@@ -208,6 +209,7 @@ def sweep(
         allow_unmatched: train variants beyond the FLOPs tolerance
         no_train: only enqueue the trials and create the MLflow parent run; `ablate worker`s train them
         grace_period: seconds without heartbeat after which a trial's worker counts as dead
+        final: the study is final: delete the stable-phase checkpoints kept to extend its budgets
     """
     from ablate.recipe.check import run_check
     from ablate.sweep.run import run_sweep
@@ -227,6 +229,7 @@ def sweep(
         reports=Path(opts.reports),
         overrides_argv=_override_argv(overrides or []),
         train=not no_train,
+        final=final,
     )
     if folder is not None:
         from ablate.store.tracking import sweep_runs_url
@@ -363,7 +366,7 @@ def bench(
         recipe: recipe YAML file
         scale: scale preset (small: d_model 768, 12 layers)
         variants: variants to time; ratios are against the first (default transformer diff)
-        seq_lens: sequence lengths (default 512 1024 2048 4096)
+        seq_lens: sequence lengths (default 512 1024 2048 4096 and the scale's training length)
         rounds: interleaved rounds; the median is reported
         tokens_per_step: tokens per step: max(1, this // seq_len) sequences
         batch_size: sequences per step, instead of --tokens-per-step
@@ -377,7 +380,7 @@ def bench(
         recipe,
         scale=scale,
         variants=variants or ["transformer", "diff"],
-        seq_lens=seq_lens or [512, 1024, 2048, 4096],
+        seq_lens=seq_lens,
         rounds=rounds,
         out=out,
         batch_size=batch_size,

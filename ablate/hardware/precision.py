@@ -5,14 +5,24 @@ instructions (AVX2 only: no AMX-BF16, no AVX512-BF16) is emulated: measured abou
 float32 for square GEMMs on an AMD EPYC (Zen 3), so `auto` must not pick it there. CUDA devices say
 whether they support bf16 themselves (compute capability 8.0 and up).
 
+Flags can mislead: an Intel Xeon with AVX512-BF16 and no AMX has the flag, yet its bf16 products run
+slower than float32 ones (`benchmarks/NOTES.md`). So on a CPU whose flags claim native bf16, `auto` times a
+short square matmul in float32 and in bf16 (`measured_rates`, well under a second) and picks the faster;
+the rates are cached per machine, CPU, thread count and torch version in the user's cache directory
+(`$ABLATE_CACHE_DIR`, else `$XDG_CACHE_HOME/ablate`, else `~/.cache/ablate`), and the reason (a run's
+`ablate.precision_reason` tag) names them. A CPU without the flags gets float32 without timing.
+
 `ABLATE_NATIVE_BF16=1` or `0` in the environment forces the answer (tests and CI exercise both on one
-machine); the reason then says so.
+machine), without timing; the reason then says so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import platform
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -89,25 +99,94 @@ def native_bf16(
     return False, f"device {kind}: native bf16 not known, float32 is the safe choice"
 
 
+MATMUL_SIZE = 512  # the square matmul `measured_rates` times: large enough for the blocked kernels
+MATMUL_REPEATS = 5
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The user's cache directory of ablate (module doc)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("ABLATE_CACHE_DIR"):
+        return Path(environ["ABLATE_CACHE_DIR"])
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ablate"
+
+
+def machine_key() -> str:
+    """This machine, its CPU, the threads torch uses and torch's version: what a matmul rate depends on."""
+    from ablate.hardware.device import cpu_name
+
+    return f"{platform.node()}|{cpu_name()}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+
+
+def _time_matmul(dtype: torch.dtype, n: int = MATMUL_SIZE, repeats: int = MATMUL_REPEATS) -> float:
+    """GFLOP/s of an n x n matmul in `dtype` on the CPU: the fastest of `repeats`, after one warm-up."""
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    torch.mm(a, b)
+    fastest = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        torch.mm(a, b)
+        fastest = min(fastest, time.perf_counter() - started)
+    return 2 * n**3 / fastest / 1e9
+
+
+def measured_rates(folder: Path | None = None) -> dict[str, float]:
+    """{"float32": GFLOP/s, "bfloat16": GFLOP/s} of this CPU's matmul, measured once per `machine_key`
+    and cached in `folder` (default `cache_dir()`), as `precision.json`."""
+    path = (folder or cache_dir()) / "precision.json"
+    key = machine_key()
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if isinstance(cached.get(key), dict):
+        return {k: float(v) for k, v in cached[key].items()}
+    rates = {"float32": _time_matmul(torch.float32), "bfloat16": _time_matmul(torch.bfloat16)}
+    with contextlib.suppress(OSError):  # an unwritable cache costs a re-measurement, nothing else
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"precision.json.{os.getpid()}.partial")
+        partial.write_text(json.dumps({**cached, key: rates}, indent=1, sort_keys=True))
+        partial.replace(path)
+    return rates
+
+
+def _by_measurement(why: str, rates: Mapping[str, float]) -> tuple[str, str]:
+    """`auto` on a CPU whose flags claim native bf16: the faster of bf16 and float32 by measured rates."""
+    f32, bf16 = rates["float32"], rates["bfloat16"]
+    measured = (
+        f"measured {MATMUL_SIZE}x{MATMUL_SIZE} matmul: bf16 {bf16:.0f}, float32 {f32:.0f} GFLOP/s "
+        f"({torch.get_num_threads()} threads)"
+    )
+    if bf16 > f32:
+        return "bf16-mixed", f"{why}; {measured}: bf16 is faster"
+    return "32-true", f"{why}, but {measured}: float32 is faster here"
+
+
 def choose_precision(
     requested: str,
     device: str | torch.device,
     *,
     key: str = "precision",
+    rates: Mapping[str, float] | None = None,
     **capability: Any,
 ) -> tuple[str, str]:
     """(Lightning precision, reason) for `requested` on `device`: `auto` -> "bf16-mixed" where bf16 is
-    native, "32-true" elsewhere; explicit values are kept (a bf16 request where bf16 is emulated keeps
-    the user's choice, and the reason warns). `capability`: `native_bf16`'s inputs."""
+    native (on a CPU: and measured faster than float32, module doc), "32-true" elsewhere; explicit values
+    are kept (a bf16 request where bf16 is emulated keeps the user's choice, and the reason warns).
+    `capability`: `native_bf16`'s inputs; `rates`: the CPU's measured matmul rates (default: measured
+    here, `measured_rates`)."""
     if requested not in PRECISIONS:
         raise UserError(f"{key}: {requested!r} is not one of {', '.join(PRECISIONS)}")
     native, why = native_bf16(device, **capability)
     if requested == AUTO:
-        return (
-            ("bf16-mixed", why)
-            if native
-            else ("32-true", f"{why}: bf16 would be emulated, many times slower")
-        )
+        if not native:
+            return "32-true", f"{why}: bf16 would be emulated, many times slower"
+        environ = capability.get("environ")
+        forced = (os.environ if environ is None else environ).get(ENV, "").strip() in ("0", "1")
+        if device_type(device) == "cpu" and not forced:
+            return _by_measurement(why, measured_rates() if rates is None else rates)
+        return "bf16-mixed", why
     if requested.startswith("bf16") and not native:
         return requested, f"as requested; warning: {why}, bf16 runs emulated and slow"
     return requested, "as requested"

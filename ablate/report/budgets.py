@@ -6,13 +6,22 @@ Written beside the main table (which is the largest budget's):
   one line per row on the trend; how it was computed.
 - `budgets.csv`: one row per run at every budget (the branches and the longest runs).
 - `gap_vs_tokens.csv`: per row and budget, the paired difference to the reference row [95% Student-t].
-- `trend.csv`: per row, the paired change of the gap per doubling of tokens over the last budgets, and
-  the fitted curves' gap at 10x the largest budget (an extrapolation, with a paired seed bootstrap).
+- `doublings.csv`: per row and each doubling of the budget (each pair of consecutive budgets), the
+  paired change of the gap per doubling [95% Student-t].
+- `trend.csv`: per row, the change of the gap over the last doubling, and the fitted curves' gap at 10x
+  the largest budget (an extrapolation, with a paired seed bootstrap).
 - `time.csv`: the trials' time summed against the largest budget's runs' training time.
+- `predicted_vs_measured.csv`, where the folder holds a `predictions.csv` written before the runs
+  (`ablate.report.predict`): each predicted gap beside the measured one, and whether it held.
 - `gap_vs_tokens.png`: each row's gap against tokens (log axis), markers at the budgets, 95% band.
 
-The change per doubling: for each seed, the least-squares slope of (row - reference) against log2(tokens)
-over the last `TREND_BUDGETS` budgets; the mean of those slopes over seeds with a Student-t interval.
+The change per doubling is the paired change over each doubling: for each seed, (gap at the larger
+budget - gap at the smaller) / log2(larger / smaller), the mean over seeds with a Student-t interval, one
+per pair of consecutive budgets. Every budget enters it (each inner budget in two doublings), and a gap
+that closes ever more slowly shows as a column of shrinking changes. One least-squares slope over
+log-evenly spaced budgets would not: over three budgets it is (last - first) / 2, whatever the middle
+budget measured, and over more it averages a decelerating change into a rate the last doubling no longer
+has. The row's line quotes the last doubling (where the gap is going now) and `doublings.csv` has all.
 """
 
 from __future__ import annotations
@@ -22,13 +31,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ablate.core import plot_style
 from ablate.core.tables import markdown_table, si
 from ablate.report import stats
 
-TREND_BUDGETS = 3  # the last budgets the change per doubling is measured over
 EXTRAPOLATE = 10  # the fitted gap is given at this multiple of the largest budget
 N_BOOT = 1000
 
@@ -98,8 +104,47 @@ def holm_over_budgets(gaps: list[dict[str, Any]]) -> str:
     return text + (f"; not: {', '.join(lost)}." if lost else ".")
 
 
-def trend_rows(order: list[str], records: list[Any], labels: dict[str, str]) -> list[dict[str, Any]]:
-    """Per row: the paired change of the gap per doubling over the last budgets, and the fitted gap at
+def doubling_rows(order: list[str], records: list[Any], labels: dict[str, str]) -> list[dict[str, Any]]:
+    """Per (size, row other than the reference, pair of consecutive budgets): the paired change of the gap
+    per doubling of tokens, mean over seeds [95% Student-t] (module doc: why per doubling)."""
+    rows = []
+    for size in sorted({r.size for r in records}):
+        present = [v for v in order if any(r.variant == v and r.size == size for r in records)]
+        if len(present) < 2:
+            continue
+        ref = losses(records, present[0], size)
+        for variant in present[1:]:
+            mine = losses(records, variant, size)
+            budgets = sorted({t for curve in mine.values() for t in curve})
+            for small, large in zip(budgets, budgets[1:]):
+                changes = [
+                    ((mine[s][large] - ref[s][large]) - (mine[s][small] - ref[s][small]))
+                    / math.log2(large / small)
+                    for s in sorted(set(mine) & set(ref))
+                    if all(t in mine[s] and t in ref[s] for t in (small, large))
+                ]
+                change = stats.mean_ci(changes)
+                rows.append(
+                    {
+                        "variant": variant,
+                        "label": labels[variant],
+                        "reference": present[0],
+                        "size": size,
+                        "from_tokens": small,
+                        "to_tokens": large,
+                        "n_seeds": change.n,
+                        "change_per_doubling": change.mean,
+                        "change_lo": change.lo,
+                        "change_hi": change.hi,
+                    }
+                )
+    return rows
+
+
+def trend_rows(
+    order: list[str], records: list[Any], labels: dict[str, str], doublings: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per row: the change of the gap over the last doubling (of `doublings`), and the fitted gap at
     EXTRAPOLATE x the largest budget (ablate.fitting.gap)."""
     from ablate.fitting.gap import fitted_gap
 
@@ -112,13 +157,8 @@ def trend_rows(order: list[str], records: list[Any], labels: dict[str, str]) -> 
         for variant in present[1:]:
             mine = losses(records, variant, size)
             budgets = sorted({t for curve in mine.values() for t in curve})
-            last = budgets[-TREND_BUDGETS:]
-            slopes = []
-            for seed in sorted(set(mine) & set(ref)):
-                if all(t in mine[seed] and t in ref[seed] for t in last) and len(last) >= 2:
-                    gaps = [mine[seed][t] - ref[seed][t] for t in last]
-                    slopes.append(float(np.polyfit(np.log2(last), gaps, 1)[0]))
-            slope = stats.mean_ci(slopes)
+            mine_doublings = [d for d in doublings if d["variant"] == variant and d["size"] == size]
+            last = mine_doublings[-1] if mine_doublings else None
             at = EXTRAPOLATE * budgets[-1] if budgets else math.nan
             fitted = fitted_gap(ref, mine, at, n_boot=N_BOOT) if len(budgets) >= 3 else None
             rows.append(
@@ -127,17 +167,18 @@ def trend_rows(order: list[str], records: list[Any], labels: dict[str, str]) -> 
                     "label": labels[variant],
                     "reference": present[0],
                     "size": size,
-                    "trend_from_tokens": last[0] if last else math.nan,
-                    "trend_to_tokens": last[-1] if last else math.nan,
-                    "n_seeds": slope.n,
-                    "change_per_doubling": slope.mean,
-                    "change_lo": slope.lo,
-                    "change_hi": slope.hi,
+                    "trend_from_tokens": last["from_tokens"] if last else math.nan,
+                    "trend_to_tokens": last["to_tokens"] if last else math.nan,
+                    "n_seeds": last["n_seeds"] if last else 0,
+                    "change_per_doubling": last["change_per_doubling"] if last else math.nan,
+                    "change_lo": last["change_lo"] if last else math.nan,
+                    "change_hi": last["change_hi"] if last else math.nan,
                     "extrapolated_tokens": at,
                     "extrapolated_gap": fitted.estimate if fitted else math.nan,
                     "extrapolated_lo": fitted.lo if fitted else math.nan,
                     "extrapolated_hi": fitted.hi if fitted else math.nan,
                     "bootstrap_draws": fitted.n_boot if fitted else 0,
+                    "_doublings": mine_doublings,
                 }
             )
     return rows
@@ -159,8 +200,16 @@ def trend_sentence(row: dict[str, Any], gap_at_largest: dict[str, Any] | None) -
         )
         moving = (
             f"changes by {stats.format_number(change.mean, sign=True)} [{stats.format_number(change.lo, sign=True)}, "
-            f"{stats.format_number(change.hi, sign=True)}] nats per doubling over {span}: {verdict}"
+            f"{stats.format_number(change.hi, sign=True)}] nats per doubling over the last doubling, {span}: "
+            f"{verdict}"
         )
+    earlier = [
+        f"{stats.format_number(d['change_per_doubling'], sign=True)} ({si(d['from_tokens'])} to "
+        f"{si(d['to_tokens'])})"
+        for d in row.get("_doublings", [])[:-1]
+    ]
+    if earlier:
+        moving += f"; earlier doublings: {', '.join(earlier)}"
     text = f"**{row['label']}** vs {row['reference_label']}: "
     if gap_at_largest:
         text += (
@@ -245,7 +294,8 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
         )
     gaps = gap_rows(order, records, labels)
     family_note = holm_over_budgets(gaps)
-    trends = trend_rows(order, records, labels)
+    doublings = doubling_rows(order, records, labels)
+    trends = trend_rows(order, records, labels, doublings)
     largest = max(groups) if groups else 0
     lines = []
     for row in trends:
@@ -272,6 +322,7 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
             for g in gaps
         ],
     )
+    checked = _predictions_section(folder, gaps)
     seeds = sorted({r.seed for r in records})
     seconds = train_seconds(ctx, records)
     (cost,) = time_rows(study, records, seconds)
@@ -281,8 +332,9 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
         "from step 0; each smaller budget is its own run, branched off them at its cooldown start "
         "(warmup-stable-decay, ablate.train.branches). Δ: row minus the reference row, paired by seed.\n\n"
         f"## The trend per row\n\n" + "\n".join(lines) + "\n\n"
-        f"Change per doubling: per seed, the least-squares slope of the gap against log2(tokens) over the last "
-        f"{TREND_BUDGETS} budgets; mean over seeds [95% Student-t]. Extrapolation: each row's final losses at "
+        "Change per doubling: per seed, the change of the gap from one budget to the next over log2 of their "
+        "ratio, for each pair of consecutive budgets; mean over seeds [95% Student-t] (every doubling in "
+        "`doublings.csv`; the line quotes the last). Extrapolation: each row's final losses at "
         f"every budget fitted with L(D) = E + B D^-β (Huber on log loss), the gap of the fits at {EXTRAPOLATE}x "
         f"the largest budget, 95% percentile interval over paired resamples of seeds (with {len(seeds)} seeds "
         f"there are {math.comb(2 * len(seeds) - 1, len(seeds))} distinct resamples); it is a curve's "
@@ -291,7 +343,8 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
         f"budget's runs alone trained {cost['longest_runs_train_seconds'] / 60:.1f} min and the branches "
         f"{cost['branch_runs_train_seconds'] / 60:.1f} min: all budgets cost {cost['trials_over_longest_runs']:.2f}x "
         "the largest budget's runs (`time.csv`).\n\n"
-        f"## The gap at each budget\n\n{gap_table}\n\n{family_note}\n\n![gap vs tokens](gap_vs_tokens.png)\n\n"
+        + (checked[0] if checked else "")
+        + f"## The gap at each budget\n\n{gap_table}\n\n{family_note}\n\n![gap vs tokens](gap_vs_tokens.png)\n\n"
         "## The table at each budget\n\n" + "\n\n".join(sections) + "\n"
     )
     written = [folder / "budgets.md"]
@@ -299,6 +352,9 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
     written.append(write_csv(folder / "time.csv", [cost]))
     written.append(write_csv(folder / "budgets.csv", [_run_row(r, labels, seconds) for r in records]))
     written.append(write_csv(folder / "gap_vs_tokens.csv", gaps))
+    written.append(write_csv(folder / "doublings.csv", doublings))
+    if checked:
+        written.append(write_csv(folder / "predicted_vs_measured.csv", checked[1]))
     written.append(
         write_csv(
             folder / "trend.csv", [{k: v for k, v in t.items() if not k.startswith("_")} for t in trends]
@@ -309,6 +365,47 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
             plot_gaps(gaps, order, folder / "gap_vs_tokens.png", labels[order[0]] if order else "")
         )
     return written
+
+
+def _predictions_section(folder: Path, gaps: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]] | None:
+    """The predictions written before the runs (`predictions.csv` in the folder) against the measured gaps:
+    a markdown section and its rows, or None without predictions."""
+    from ablate.report.predict import against_measured, read_predictions
+
+    if not (folder / "predictions.csv").is_file():
+        return None
+    rows = against_measured(read_predictions(folder / "predictions.csv"), gaps)
+    verdict = {"true": "held", "false": "did not hold", "": "not measured"}
+    table = markdown_table(
+        ["Row", "tokens", "predicted [95%]", "measured [95% CI]", "prediction"],
+        [
+            [
+                r["label"],
+                si(int(r["tokens"])),
+                _signed(float(r["predicted_gap"]), float(r["predicted_lo"]), float(r["predicted_hi"])),
+                _signed(r["measured_gap"], r["measured_lo"], r["measured_hi"])
+                if r["measured_seeds"]
+                else "-",
+                verdict[r["held"]] + (f" (fit: {r['at_bound']})" if r["at_bound"] else ""),
+            ]
+            for r in rows
+        ],
+    )
+    text = (
+        "## Predicted before the runs, and measured\n\n"
+        "`predictions.csv` was written before these budgets were trained, from the fits to the budgets "
+        "measured then (`ablate.report.predict`). A prediction held if the measured mean gap lies inside its "
+        f"interval.\n\n{table}\n\n"
+    )
+    return text, rows
+
+
+def _signed(mean: float, lo: float, hi: float) -> str:
+    """'−0.055 [−0.111, −0.026]': signed, the interval where there is one."""
+    text = stats.format_number(mean, sign=True)
+    if math.isfinite(lo):
+        text += f" [{stats.format_number(lo, sign=True)}, {stats.format_number(hi, sign=True)}]"
+    return text
 
 
 def _run_row(r: Any, labels: dict[str, str], seconds: dict[str, float]) -> dict[str, Any]:

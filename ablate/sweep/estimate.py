@@ -11,6 +11,7 @@ The estimate is training FLOPs / measured FLOP rate; validation and start-up add
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -72,14 +73,28 @@ def calibrate(run: RunSpec, repeats: int = 4, *, ops: DeviceOps | None = None) -
     return flops / fastest, precision, why
 
 
-def trained_tokens(run: RunSpec) -> int:
-    """Tokens a trial trains: the run, plus each smaller budget's cooldown (ablate.train.branches)."""
-    cooldowns = sum(b.train.cooldown_steps for b in run.branches())
-    return run.train.tokens + cooldowns * run.train.batch_tokens
+def trained_tokens(run: RunSpec, workspace: Path | None = None) -> int:
+    """Tokens a trial trains: the run, plus each smaller budget's cooldown (ablate.train.branches); with
+    the `workspace`, less what is done there: finished budgets, and the stable phase a shorter run kept
+    (an extended study trains only the new tokens and cooldowns)."""
+    if workspace is None:
+        cooldowns = sum(b.train.cooldown_steps for b in run.branches())
+        return run.train.tokens + cooldowns * run.train.batch_tokens
+    from ablate.train.branches import stable_checkpoint
+    from ablate.train.loop import run_dir
+
+    def done(r: RunSpec) -> bool:
+        return (run_dir(workspace, r) / "result.json").exists()
+
+    kept = stable_checkpoint(workspace, run) if run.branches() else None
+    start = kept[0] if kept and kept[0] <= run.train.cooldown_start else 0
+    steps = 0 if done(run) else run.train.steps - start
+    steps += sum(b.train.cooldown_steps for b in run.branches() if not done(b))
+    return steps * run.train.batch_tokens
 
 
-def make_plan(runs: list[RunSpec]) -> Plan:
-    trained = {r: trained_tokens(r) for r in runs}
+def make_plan(runs: list[RunSpec], workspace: Path | None = None) -> Plan:
+    trained = {r: trained_tokens(r, workspace) for r in runs}
     tokens = sum(trained.values())
     flops = sum(
         3 * model_budget(r.model, r.train.seq_len).fwd_flops_per_token * n for r, n in trained.items()

@@ -375,9 +375,18 @@ def wait_for_workers(ctx: SweepContext, study: Any, procs: list[subprocess.Popen
 
 
 # --- the whole sweep -----------------------------------------------------------------------------------
-def pending_plans(study: Any, plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Plans without a finished trial (complete, pruned, or failed by divergence)."""
-    done = {t.user_attrs.get("plan") for t in study.get_trials(deepcopy=False) if is_settled(t)}
+def pending_plans(
+    study: Any, plans: list[dict[str, Any]], ctx: SweepContext | None = None
+) -> list[dict[str, Any]]:
+    """Plans without a finished trial (complete, pruned, or failed by divergence); with `ctx`, also those
+    whose trial ran fewer budgets than the recipe now gives (an extension, ablate.sweep.extend)."""
+    from ablate.sweep.extend import budgets_done
+
+    done = {
+        t.user_attrs.get("plan")
+        for t in study.get_trials(deepcopy=False)
+        if is_settled(t) and (ctx is None or budgets_done(t, ctx))
+    }
     return [p for p in plans if plan_key(p) not in done]
 
 
@@ -385,7 +394,7 @@ def confirm_plan(ctx: SweepContext, pending: list[dict[str, Any]], yes: bool) ->
     from ablate.sweep.estimate import make_plan
 
     runs = [ctx.run_for_plan(p) for p in pending]
-    plan = make_plan(runs)
+    plan = make_plan(runs, ctx.workspace)
     print(
         f"[sweep {ctx.study_name}] plan: {plan.trials} trials, {si(plan.tokens)} tokens, "
         f"{si(plan.train_flops)}FLOP of training; calibrated {si(plan.flops_per_s)}FLOP/s here in "
@@ -412,19 +421,26 @@ def run_sweep(
     reports: Path | None = None,
     overrides_argv: list[str] | None = None,
     train: bool = True,
+    final: bool = False,
 ) -> Path | None:
     """Plan, enqueue, train (here or in `workers` local processes), then report. Returns the report folder.
 
     With `train=False` it only enqueues the trials and creates the MLflow parent run: `ablate worker`s on
-    other machines train them, and `ablate report` writes the report afterwards.
+    other machines train them, and `ablate report` writes the report afterwards. With budgets, it says
+    how large the kept stable-phase checkpoints are (an extension continues from them); `final` deletes
+    them once the study is complete.
     """
+    from ablate.sweep.extend import check_extension, enqueue_extensions
+
     study, storage = open_study(ctx)
+    check_extension(ctx, study)
     plans = ctx.plans()
-    pending = pending_plans(study, plans)
+    pending = pending_plans(study, plans, ctx)
     report_dir = None
     if pending:
         confirm_plan(ctx, pending, yes)
         enqueue_missing(study, plans)
+        enqueue_extensions(study, pending)
         study.set_user_attr("recipe_key", ctx.recipe_key())
         if not study.user_attrs.get("command"):  # the report names the command that made the study
             study.set_user_attr("command", command_line())
@@ -441,7 +457,7 @@ def run_sweep(
             wait_for_workers(ctx, study, procs)
         else:
             work(ctx, study, storage)
-    remaining = pending_plans(study, plans)
+    remaining = pending_plans(study, plans, ctx)
     if remaining:
         print(
             f"[sweep {ctx.study_name}] {len(remaining)} trials still running elsewhere; "
@@ -460,4 +476,22 @@ def run_sweep(
             flush=True,
         )
         report_dir = folder
+    if ctx.recipe.budgets(ctx.scale) is not None:
+        keep_or_prune_stable(ctx, final)
     return report_dir
+
+
+def keep_or_prune_stable(ctx: SweepContext, final: bool) -> None:
+    """Print the size of a budgeted study's kept stable-phase checkpoints, or delete them (`final`)."""
+    from ablate.train.branches import prune_stable, stable_size
+
+    runs = list(ctx.runs.values())
+    files, size = (prune_stable if final else stable_size)(ctx.workspace, runs)
+    if final:
+        print(f"[sweep {ctx.study_name}] final: deleted {files} stable-phase checkpoints ({si(size)}B)")
+    elif files:
+        print(
+            f"[sweep {ctx.study_name}] kept {files} stable-phase checkpoints, one per (row, seed), "
+            f"{si(size)}B in all: larger budgets continue from them; `--final` deletes them",
+            flush=True,
+        )

@@ -64,6 +64,7 @@ from components.attention.backends import check_backend
 
 COLUMNS = ("variant", "seq_len", "train_tok_s", "fwd_tok_s", "peak_mem_mb", "mfu")
 DISTURBED = 0.05  # share of the machine's CPU used by other processes above which a timing is retaken
+STANDARD_SEQ_LENS = (512, 1024, 2048, 4096)  # with the scale's own training length, the default rows
 TOKENS_PER_STEP = 4096  # 8 x 512 ... 1 x 4096: the default step
 PRECISIONS = ("auto", "bf16-mixed", "16-mixed", "32-true")  # what `ablate bench` runs (autocast or none)
 PEAK_BUDGET_S = 2.0  # seconds per matmul-peak measurement (one per dtype and round)
@@ -114,11 +115,17 @@ class Arm:
         return self.tokens.shape[0] * self.seq_len
 
 
+def default_seq_lens(recipe: Any) -> list[int]:
+    """The standard lengths and the loaded scale's own training length (`cpu` and `tiny`: 256), so every
+    scale's bench has the row its training runs at."""
+    return sorted({*STANDARD_SEQ_LENS, *(run.train.seq_len for run in recipe.runs)})
+
+
 def run_bench(
     recipe_path: str,
     scale: str = "small",
     variants: Sequence[str] = ("transformer", "diff"),
-    seq_lens: Sequence[int] = (512, 1024, 2048, 4096),
+    seq_lens: Sequence[int] | None = None,
     rounds: int = 3,
     out: str = "reports/bench",
     batch_size: int | None = None,
@@ -148,7 +155,10 @@ def run_bench(
     bound each matmul-peak measurement in time and size; `ops`: the device's clock and memory peak
     (default: `device_ops(device)`; tests pass a stand-in); `echo`: print progress and the tables.
     """
-    variants, seq_lens = list(variants), [int(n) for n in seq_lens]
+    variants = list(variants)
+    if seq_lens is None:
+        seq_lens = default_seq_lens(load_recipe(recipe_path, list(overrides), scale=scale))
+    seq_lens = [int(n) for n in seq_lens]
     checked = [
         ("--rounds", rounds),
         ("--tokens-per-step", tokens_per_step),

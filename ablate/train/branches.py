@@ -16,7 +16,10 @@ fresh run of its budget, the same numbers at the full price.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,27 +35,110 @@ class BranchPoints(L.Callback):
     Saved after the optimizer and lr-scheduler steps (Lightning's on_train_batch_end, as ModelCheckpoint's
     every_n_train_steps), written to a temporary name and renamed, so a kill never leaves half a file."""
 
-    def __init__(self, paths: dict[int, Path]):
-        self.paths = dict(paths)
+    def __init__(self, paths: dict[int, Path | list[Path]]):
+        self.paths = {step: p if isinstance(p, list) else [p] for step, p in paths.items()}
 
     def on_train_batch_end(
         self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # mid-accumulation: the step has not happened yet
-        path = self.paths.get(trainer.global_step)
-        if path is None or path.exists():
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".partial")
-        trainer.save_checkpoint(partial, weights_only=False)
-        if trainer.is_global_zero:
-            os.replace(partial, path)
+        for path in self.paths.get(trainer.global_step, []):
+            if path.exists():
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(path.name + ".partial")
+            trainer.save_checkpoint(partial, weights_only=False)
+            if trainer.is_global_zero:
+                os.replace(partial, path)
 
 
 def branch_checkpoint(workspace: Path, branch: RunSpec) -> Path:
     """Where a budget's run finds the state it starts its cooldown from: its own resume checkpoint."""
     return run_dir(workspace, branch) / "checkpoints" / "last.ckpt"
+
+
+def stable_key(run: RunSpec) -> str:
+    """A hash of everything that defines the run but its length (`train.steps`): runs of one (variant,
+    size, seed) that differ only in their budget share it, and so share their stable phase."""
+    train = {k: v for k, v in run.config["train"].items() if k != "steps"}
+    ident = {
+        "recipe": run.recipe,
+        "variant": run.variant,
+        "scale": run.scale,
+        "seed": run.seed,
+        "size": run.size,
+        "config": {**run.config, "train": train},
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def stable_folder(workspace: Path, run: RunSpec) -> Path:
+    """Where the kept stable-phase state of the run's (variant, size, seed) lives: one file at most."""
+    return run_dir(workspace, run).parent / "stable" / f"{run.name}-{stable_key(run)}"
+
+
+def stable_checkpoint(workspace: Path, run: RunSpec) -> tuple[int, Path] | None:
+    """(step, path) of the kept stable-phase checkpoint of the run's (variant, size, seed), or None."""
+    kept = sorted(
+        (int(p.stem.removeprefix("step-")), p) for p in stable_folder(workspace, run).glob("step-*.ckpt")
+    )
+    return kept[-1] if kept else None
+
+
+def _keep_latest(workspace: Path, run: RunSpec, source_run_id: str) -> None:
+    """After the longest run: one stable checkpoint stays, the latest, with the MLflow run that made it
+    (this run's; or a longer run's kept before, which keeps its own record)."""
+    latest = stable_checkpoint(workspace, run)
+    if latest is None:
+        return
+    for path in stable_folder(workspace, run).glob("step-*.ckpt"):
+        if path != latest[1]:
+            path.unlink()
+    if latest[0] != run.train.cooldown_start:
+        return
+    meta = {"step": latest[0], "run_id": source_run_id, "run_key": run.key}
+    (stable_folder(workspace, run) / "source.json").write_text(json.dumps(meta))
+
+
+def _continue_from_stable(workspace: Path, run: RunSpec) -> dict[str, str]:
+    """Start a new longest run from the kept stable state of a shorter one, if there is one it can use.
+
+    Usable: saved at or before this run's cooldown start (the lr up to there is the same). The file is
+    copied as the run's resume checkpoint; returns the tags that say where the run came from."""
+    folder = run_dir(workspace, run)
+    kept = stable_checkpoint(workspace, run)
+    if (folder / "result.json").exists() or (folder / "checkpoints" / "last.ckpt").exists() or kept is None:
+        return {}
+    step, path = kept
+    if step > run.train.cooldown_start:
+        return {}
+    (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
+    partial = folder / "checkpoints" / "last.ckpt.partial"
+    shutil.copyfile(path, partial)
+    os.replace(partial, folder / "checkpoints" / "last.ckpt")
+    source = path.parent / "source.json"
+    meta = json.loads(source.read_text()) if source.exists() else {}
+    print(
+        f"[budgets] {run.name} at {run.train.steps} steps: continuing from the stable phase kept at step "
+        f"{step}; training {run.train.steps - step} steps",
+        flush=True,
+    )
+    return {"ablate.continued_from": meta.get("run_id", ""), "ablate.continued_step": str(step)}
+
+
+def stable_size(workspace: Path, runs: list[RunSpec]) -> tuple[int, int]:
+    """(files, bytes) of the kept stable-phase checkpoints of `runs`."""
+    kept = [k[1] for k in (stable_checkpoint(workspace, r) for r in runs) if k is not None]
+    return len(kept), sum(p.stat().st_size for p in kept)
+
+
+def prune_stable(workspace: Path, runs: list[RunSpec]) -> tuple[int, int]:
+    """Delete the kept stable-phase checkpoints of `runs` (the study is final); returns (files, bytes)."""
+    files, size = stable_size(workspace, runs)
+    for run in runs:
+        shutil.rmtree(stable_folder(workspace, run), ignore_errors=True)
+    return files, size
 
 
 def budget_tags(run: RunSpec) -> dict[str, str]:
@@ -75,16 +161,24 @@ def train_budgets(
     Returns the results, longest first; `on_result(run, result)` is called as each one finishes (the sweep
     records it in the trial at once). A run without budgets is just trained."""
     branches = run.branches()
-    points = BranchPoints({b.train.cooldown_start: branch_checkpoint(workspace, b) for b in branches})
+    paths: dict[int, list[Path]] = {}
+    for b in branches:
+        paths.setdefault(b.train.cooldown_start, []).append(branch_checkpoint(workspace, b))
+    if branches:  # the stable phase's last state, kept so that a longer budget can continue from it
+        stable = stable_folder(workspace, run) / f"step-{run.train.cooldown_start}.ckpt"
+        paths.setdefault(run.train.cooldown_start, []).append(stable)
+    continued = _continue_from_stable(workspace, run) if branches else {}
     longest = train_run(
         run,
         workspace=workspace,
         tracking_uri=tracking_uri,
         parent_run_id=parent_run_id,
         progress=progress,
-        extra_tags={**(extra_tags or {}), **(budget_tags(run) if branches else {})},
-        callbacks=[*(callbacks or []), *([points] if branches else [])],
+        extra_tags={**(extra_tags or {}), **(budget_tags(run) if branches else {}), **continued},
+        callbacks=[*(callbacks or []), *([BranchPoints(paths)] if branches else [])],
     )
+    if branches:
+        _keep_latest(workspace, run, longest.run_id)
     results = [longest]
     if on_result:
         on_result(run, longest)

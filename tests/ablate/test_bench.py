@@ -80,6 +80,18 @@ def test_run_bench_writes_csv_markdown_and_plot(tmp_path, capsys, monkeypatch, n
     assert (folder / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_default_rows_hold_the_scales_training_length():
+    from ablate.recipe.resolve import load_recipe
+    from ablate.train.bench import default_seq_lens
+
+    lens = {scale: default_seq_lens(load_recipe(RECIPE, scale=scale)) for scale in ("cpu", "tiny", "small")}
+    assert lens == {
+        "cpu": [256, 512, 1024, 2048, 4096],
+        "tiny": [256, 512, 1024, 2048, 4096],
+        "small": [512, 1024, 2048, 4096],
+    }
+
+
 def test_flop_ceilings_order_the_kernel_forms():
     """Split V doubles the attention core, the wide-V form takes 1.5x, one product is Eq. 1's count:
     the ceilings fall in that order, and the causal ones lie closer to 1 (maps are a smaller share)."""

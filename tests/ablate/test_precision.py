@@ -4,6 +4,7 @@ then a real training run that prints and records what was chosen."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import mlflow
@@ -15,9 +16,12 @@ from ablate.core.config import PRECISIONS, TrainConfig
 from ablate.core.errors import UserError
 from ablate.hardware.precision import (
     ENV,
+    cache_dir,
     choose_precision,
     compute_dtype,
     cpu_bf16_flags,
+    machine_key,
+    measured_rates,
     native_bf16,
     training_device,
 )
@@ -120,11 +124,43 @@ def test_the_environment_forces_the_answer_whatever_the_device():
     ],
 )
 def test_choose_precision_on_cpu(requested, cpuinfo, chosen, fragments):
-    precision, why = choose_precision(requested, "cpu", cpuinfo=cpuinfo, environ=NO_ENV)
+    bf16_faster = {"float32": 100.0, "bfloat16": 300.0}  # as measured on a CPU with AMX
+    precision, why = choose_precision(requested, "cpu", cpuinfo=cpuinfo, environ=NO_ENV, rates=bf16_faster)
     assert precision == chosen
     for fragment in fragments:
         assert fragment in why, why
     assert ("warning" in why) == (requested.startswith("bf16") and cpuinfo is ZEN3_AVX2)
+
+
+def test_auto_chooses_by_measurement_where_the_flags_mislead():
+    """A CPU with AVX512-BF16 whose bf16 products are slower than float32 ones gets float32, and the reason
+    names both rates; forced by the environment, nothing is measured (rates=None would measure)."""
+    slower = {"float32": 180.0, "bfloat16": 95.0}
+    precision, why = choose_precision("auto", "cpu", cpuinfo=ZEN4_AVX512_BF16, environ=NO_ENV, rates=slower)
+    assert precision == "32-true"
+    assert why.startswith("CPU has AMX/AVX512-BF16: avx512_bf16, but measured 512x512 matmul: bf16 95, ")
+    assert "float32 180 GFLOP/s" in why and why.endswith("float32 is faster here")
+    faster = {"float32": 95.0, "bfloat16": 180.0}
+    assert choose_precision("auto", "cpu", cpuinfo=ZEN4_AVX512_BF16, environ=NO_ENV, rates=faster)[0] == (
+        "bf16-mixed"
+    )
+    assert choose_precision("auto", "cpu", cpuinfo=ZEN3_AVX2, environ={ENV: "1"}) == (
+        "bf16-mixed",
+        f"{ENV}=1 forces native bf16",
+    )
+
+
+def test_the_matmul_rates_are_measured_once_per_machine_and_cached(tmp_path):
+    rates = measured_rates(tmp_path)
+    assert set(rates) == {"float32", "bfloat16"} and all(v > 0 for v in rates.values())
+    cached = json.loads((tmp_path / "precision.json").read_text())
+    assert cached == {machine_key(): rates}
+    cached[machine_key()] = {"float32": 1.0, "bfloat16": 2.0}  # a second call reads the cache, not the CPU
+    (tmp_path / "precision.json").write_text(json.dumps(cached))
+    assert measured_rates(tmp_path) == {"float32": 1.0, "bfloat16": 2.0}
+    assert str(torch.get_num_threads()) in machine_key() and torch.__version__ in machine_key()
+    assert cache_dir({"XDG_CACHE_HOME": "/c"}) == Path("/c/ablate")
+    assert cache_dir({"ABLATE_CACHE_DIR": "/d", "XDG_CACHE_HOME": "/c"}) == Path("/d")
 
 
 def test_choose_precision_on_cuda_and_bad_input():

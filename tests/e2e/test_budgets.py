@@ -199,13 +199,23 @@ def test_a_budgeted_sweep_reports_every_budget_the_gap_and_its_trend(tmp_path, c
         ]
         assert float(g["gap"]) == pytest.approx(sum(diffs) / 2, abs=1e-12)
     (trend,) = list(csv.DictReader(open(folder / "trend.csv")))
-    per_seed = []
-    for s in (0, 1):
-        x = [1.0, 2.0, 3.0]  # log2 of 2048, 4096, 8192 minus 10
-        y = [by_key[("diff", 2048 << i, s)] - by_key[("transformer", 2048 << i, s)] for i in range(3)]
-        mx, my = sum(x) / 3, sum(y) / 3
-        per_seed.append(sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x))
-    assert float(trend["change_per_doubling"]) == pytest.approx(sum(per_seed) / 2, abs=1e-9)
+    doublings = list(csv.DictReader(open(folder / "doublings.csv")))
+    assert [(int(d["from_tokens"]), int(d["to_tokens"])) for d in doublings] == [(2048, 4096), (4096, 8192)]
+    for d in doublings:  # the paired change over each doubling, recomputed here: every budget enters
+        a, b = int(d["from_tokens"]), int(d["to_tokens"])
+        per_seed = [
+            (by_key[("diff", b, s)] - by_key[("transformer", b, s)])
+            - (by_key[("diff", a, s)] - by_key[("transformer", a, s)])
+            for s in (0, 1)
+        ]
+        assert float(d["change_per_doubling"]) == pytest.approx(sum(per_seed) / 2, abs=1e-12)
+        half = (
+            abs(per_seed[0] - per_seed[1]) / 2
+        )  # the Student-t half-width of two values: t(1) x sd / sqrt 2
+        assert float(d["change_hi"]) - float(d["change_per_doubling"]) == pytest.approx(
+            12.7062 * half, rel=1e-4
+        )
+    assert trend["change_per_doubling"] == doublings[-1]["change_per_doubling"]  # the line quotes the last
     assert float(trend["extrapolated_tokens"]) == 10 * 8192 and math.isfinite(
         float(trend["extrapolated_gap"])
     )
