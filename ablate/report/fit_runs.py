@@ -241,9 +241,10 @@ def _fit_grid(
     params_count: str,
 ) -> list[Path]:
     """`ablate fit` over a size x budget grid (ablate.report.scaling)."""
+    from ablate.report.budgets import train_seconds
     from ablate.report.fit import ratio_sentence
     from ablate.report.scaling import write_grid_report
-    from ablate.store.study import report_folder
+    from ablate.store.study import completed_spans, report_folder
 
     left_out = [r for r in records if not (r.state == "finished" and r.run_id)]
     notes = _notes(ctx, "joint", runs, runs, left_out, params_count, budgeted=True)[:1]
@@ -255,10 +256,11 @@ def _fit_grid(
     folder = Path(out) if out is not None else report_folder(ctx, None)
     written, fits, conv = write_grid_report(
         ctx,
-        study,
         runs,
         reference,
         folder,
+        spans=completed_spans(study.get_trials(deepcopy=False)),
+        seconds=train_seconds(ctx, [r for r in records if r.run_id in {run.run_id for run in runs}]),
         n_boot=n_boot,
         seed=seed,
         params_word=PARAMS_WORDS[params_count],

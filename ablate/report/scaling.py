@@ -17,7 +17,8 @@ at twice the tokens ((L(D) - L(2D)) / L(D), "measured"); at the largest budget, 
 fitted to the family's budgets ("fitted"). A point counts as converged below a 1% gain.
 
 Files: README.md (commands, machine, wall-clock, the cost against training each budget separately, the
-panels, the ratios beside the paper's), fits.csv, ratios.csv, points.csv, time.csv, and the fits' own
+panels, the ratios beside the paper's), fits.csv, ratios.csv, points.csv, grid.csv (sizes, budgets, seeds,
+time, cost, convergence counts), and the fits' own
 fit.json / fit.md / plots. Every number README.md quotes is in one of the CSVs.
 """
 
@@ -31,7 +32,7 @@ from ablate.core.tables import markdown_table, si
 from ablate.fitting import Point, fit_loss_curve, fit_points
 from ablate.fitting.fit import FitReport
 from ablate.report.fit import ratio_sentence, write_fit
-from ablate.report.table import study_time, write_csv
+from ablate.report.table import write_csv
 
 # Figure 3 of the paper: "6.8B Diff matches 11B Transformer (62.2% of the parameters)" (3a) and
 # "Diff with 160B tokens matches Transformer with 251B tokens (63.7%)" (3b).
@@ -159,33 +160,38 @@ def ratio_rows(fits: dict[str, FitReport]) -> list[dict[str, Any]]:
     return rows
 
 
-def cost_row(study: Any, runs: list[Any], seconds: dict[str, float]) -> dict[str, Any]:
-    """The grid's training time against training every budget as a run of its own from step 0.
+def grid_row(
+    spans: list[tuple[Any, Any]], runs: list[Any], seconds: dict[str, float], conv: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """What the grid was, what it cost, and how many points converged.
 
-    Separately, a budget's run would train for its tokens at its family's measured speed: the longest
-    run's seconds x budget / largest budget, summed over the family's budgets."""
-    from ablate.store.study import completed_spans
-
-    spans = completed_spans(study.get_trials(deepcopy=False))
+    Cost: the runs' training time against training every budget as a run of its own from step 0, at the
+    family's measured speed (the longest run's seconds x budget / largest budget, summed over budgets).
+    `spans`: (start, end) of the study's completed trials."""
     wall = (max(e for _, e in spans) - min(s for s, _ in spans)).total_seconds() if spans else math.nan
     trials = sum((e - s).total_seconds() for s, e in spans)
     longest = [r for r in runs if r.family == r.run_id]
-    branches = [r for r in runs if r.family != r.run_id]
     budgets = sorted({r.tokens for r in runs})
     train_longest = sum(seconds.get(r.run_id, math.nan) for r in longest)
-    train_branches = sum(seconds.get(r.run_id, math.nan) for r in branches)
+    train_branches = sum(seconds.get(r.run_id, math.nan) for r in runs if r.family != r.run_id)
     separately = train_longest * sum(budgets) / budgets[-1]
     grid = train_longest + train_branches
+    known = [c["converged"] for c in conv.values() if c["converged"] is not None]
     return {
-        "wall_clock_seconds": round(wall, 1),
-        "trials_seconds_summed": round(trials, 1),
+        "sizes": len({r.size for r in runs}),
+        "budgets": len(budgets),
+        "seeds": len({r.seed for r in runs}),
         "longest_runs": len(longest),
-        "branch_runs": len(branches),
-        "longest_runs_train_seconds": round(train_longest, 1),
-        "branch_runs_train_seconds": round(train_branches, 1),
-        "grid_train_seconds": round(grid, 1),
-        "separate_runs_train_seconds_estimated": round(separately, 1),
+        "branch_runs": len(runs) - len(longest),
+        "wall_clock_minutes": round(wall / 60, 1),
+        "trials_minutes_summed": round(trials / 60, 1),
+        "longest_runs_train_minutes": round(train_longest / 60, 1),
+        "branch_runs_train_minutes": round(train_branches / 60, 1),
+        "grid_train_minutes": round(grid / 60, 1),
+        "separate_runs_train_minutes_estimated": round(separately / 60, 1),
         "grid_over_separate": round(grid / separately, 3) if separately else math.nan,
+        "points_converged": sum(known),
+        "points_with_convergence": len(known),
     }
 
 
@@ -251,7 +257,6 @@ def ratios_table(rows: list[dict[str, Any]]) -> str:
 
 def grid_readme(
     ctx: Any,
-    study: Any,
     fits: dict[str, FitReport],
     where: dict[str, Any],
     rows: dict[str, list[dict[str, Any]]],
@@ -259,12 +264,10 @@ def grid_readme(
 ) -> str:
     from ablate.hardware.device import cpu_name
 
-    points, cost = rows["points"], rows["time"][0]
+    points, cost = rows["points"], rows["grid"][0]
     sizes = sorted({(p["params"], p["size"]) for p in points if p["arch"] == fits["joint"].reference})
     budgets = sorted({p["tokens"] for p in points})
     seeds = where["seeds"]
-    conv = [p for p in points if p["converged"] is not None]
-    n_conv = sum(1 for p in conv if p["converged"])
     bound = [
         f"{name} fit, {arch}: {'; '.join(f.at_bound)}"
         for name, r in fits.items()
@@ -282,16 +285,18 @@ def grid_readme(
         "```",
         "",
         f"- machine: {cpu_name()} (the machine `ablate fit` ran on; the runs' own device tags are in MLflow)",
-        f"- {study_time(study)}",
+        f"- wall-clock: {cost['wall_clock_minutes']} min from the first trial's start to the last one's end "
+        f"({cost['trials_minutes_summed']} min of trials summed over workers)",
         f"- grid: {len(sizes)} sizes ({', '.join(f'{s} {si(n)}' for n, s in sizes)} {params_word}) x "
         f"{len(budgets)} budgets ({', '.join(si(b) for b in budgets)} tokens) x 2 arms x seeds {seeds}: "
         f"{cost['longest_runs']} runs trained from step 0, {cost['branch_runs']} budgets branched off them",
-        f"- cost: the runs trained {cost['grid_train_seconds'] / 60:.1f} min summed over workers; training "
-        f"every budget as a run of its own from step 0 would take about "
-        f"{cost['separate_runs_train_seconds_estimated'] / 60:.1f} min at the same speeds: "
-        f"{cost['grid_over_separate']:.2f}x (`time.csv`)",
-        f"- convergence: {n_conv} of {len(conv)} points gain under 1% from twice the tokens (`points.csv`: "
-        "measured against the same run family's next budget, fitted at the largest budget)",
+        f"- cost: the runs trained {cost['grid_train_minutes']} min summed over workers; training every "
+        f"budget as a run of its own from step 0 would take about "
+        f"{cost['separate_runs_train_minutes_estimated']} min at the same speeds: "
+        f"{cost['grid_over_separate']}x (`grid.csv`)",
+        f"- convergence: {cost['points_converged']} of {cost['points_with_convergence']} points gain under 1% "
+        "from twice the tokens (`points.csv`: measured against the same run family's next budget, fitted "
+        "at the largest budget)",
         "",
         "## Equal-loss ratios",
         "",
@@ -320,30 +325,29 @@ def grid_readme(
 
 def write_grid_report(
     ctx: Any,
-    study: Any,
     runs: list[Any],
     reference: str | None,
     folder: Path,
     *,
+    spans: list[tuple[Any, Any]],
+    seconds: dict[str, float],
     n_boot: int,
     seed: int,
     params_word: str,
     notes: list[str],
 ) -> tuple[list[Path], dict[str, FitReport], dict[str, dict[str, Any]]]:
     """Fit the grid and write the folder (module doc); returns the files, the fits and each run's
-    convergence."""
-    from ablate.report.budgets import train_seconds
-
+    convergence. `ctx`: the sweep (its recipe's name and path, its scale); `spans`: the study's completed
+    trials' (start, end); `seconds`: each run's training seconds."""
     fits, where = grid_fits(runs, reference, n_boot, seed)
     conv = convergence(runs)
-    seconds = train_seconds(ctx, [_Record(r) for r in runs])
     for name, report in fits.items():
         report.notes = list(notes) if name == "joint" else [f"Points {FIT_WHERE[name]} of the grid."]
     rows = {
         "fits": fit_rows(fits),
         "ratios": ratio_rows(fits),
         "points": point_rows(runs, conv, seconds),
-        "time": [cost_row(study, runs, seconds)],
+        "grid": [grid_row(spans, runs, seconds, conv)],
     }
     folder.mkdir(parents=True, exist_ok=True)
     written = write_fit(fits["joint"], folder)
@@ -351,12 +355,5 @@ def write_grid_report(
     written += write_fit(fits["tokens"], folder / "tokens")
     written += [write_csv(folder / f"{name}.csv", r) for name, r in rows.items()]
     readme = folder / "README.md"
-    readme.write_text(grid_readme(ctx, study, fits, where, rows, params_word))
+    readme.write_text(grid_readme(ctx, fits, where, rows, params_word))
     return [readme, *written], fits, conv
-
-
-class _Record:
-    """The fields of a report record that `train_seconds` reads."""
-
-    def __init__(self, run: Any):
-        self.run_id, self.state = run.run_id, "finished"
