@@ -243,9 +243,10 @@ def _fit_grid(
     """`ablate fit` over a size x budget grid (ablate.report.scaling)."""
     from ablate.report.budgets import train_seconds
     from ablate.report.fit import ratio_sentence
-    from ablate.report.scaling import write_grid_report
+    from ablate.report.scaling import check_grid, write_grid_report
     from ablate.store.study import completed_spans, report_folder
 
+    check_grid(runs)
     left_out = [r for r in records if not (r.state == "finished" and r.run_id)]
     notes = _notes(ctx, "joint", runs, runs, left_out, params_count, budgeted=True)[:1]
     notes.append(

@@ -84,6 +84,16 @@ def convergence(runs: list[Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def check_grid(runs: list[Any]) -> None:
+    """UserError (one line) when a fit of the grid cannot be made, before anything is read or written."""
+    from ablate.fitting.core import check_points
+    from ablate.fitting.forms import FORMS
+
+    points = grid_points(runs)
+    for arch in dict.fromkeys(p.arch for p in points):
+        check_points(FORMS["joint"], arch, [p for p in points if p.arch == arch])
+
+
 def grid_fits(
     runs: list[Any], reference: str | None, n_boot: int, seed: int
 ) -> tuple[dict[str, FitReport], dict[str, Any]]:
