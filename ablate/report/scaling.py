@@ -287,10 +287,10 @@ def grid_readme(
     recipe = ctx.recipe.path
     lines = [
         f"# {ctx.recipe.name} at scale {ctx.scale}: Figure 3 at {si(sizes[0][0])}-{si(sizes[-1][0])} "
-        f"parameters and {si(budgets[0])}-{si(budgets[-1])} tokens",
+        f"{params_word} and {si(budgets[0])}-{si(budgets[-1])} tokens",
         "",
         "```bash",
-        f"ablate sweep {recipe} --scale {ctx.scale} --seeds {' '.join(map(str, seeds))} --workers 2 --yes",
+        f"ablate sweep {recipe} --scale {ctx.scale} --seeds {' '.join(map(str, seeds))} --yes",
         f"ablate fit {recipe} --scale {ctx.scale} --out <this folder>",
         "```",
         "",
