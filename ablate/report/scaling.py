@@ -28,9 +28,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table, si
 from ablate.fitting import Point, fit_loss_curve, fit_points
+from ablate.fitting.core import check_points
 from ablate.fitting.fit import FitReport
+from ablate.fitting.forms import FORMS
 from ablate.report.fit import ratio_sentence, write_fit
 from ablate.report.table import write_csv
 
@@ -38,7 +41,6 @@ from ablate.report.table import write_csv
 # "Diff with 160B tokens matches Transformer with 251B tokens (63.7%)" (3b).
 PAPER_RATIOS = {"params": 0.622, "tokens": 0.637}
 CONVERGED_GAIN = 0.01
-FITS = ("joint", "size", "tokens")
 FIT_WHERE = {
     "joint": "every (size, budget)",
     "size": "at the largest budget",
@@ -58,7 +60,7 @@ def grid_points(runs: list[Any]) -> list[Point]:
 
 
 def convergence(runs: list[Any]) -> dict[str, dict[str, Any]]:
-    """Run id -> {gain, source, converged}: see the module doc."""
+    """Run id -> {gain_2x_tokens, gain_source, converged}: see the module doc."""
     families: dict[tuple, list[Any]] = {}
     for r in runs:
         families.setdefault((r.arch, r.size, r.seed), []).append(r)
@@ -74,7 +76,7 @@ def convergence(runs: list[Any]) -> dict[str, dict[str, Any]]:
                 try:
                     c = fit_loss_curve([m.tokens for m in members], [m.loss for m in members])
                     gain, source = c.predicted_gain, "fitted"
-                except Exception:  # fewer than 3 budgets in the family: nothing to fit
+                except UserError:  # fewer than 3 budgets in the family: nothing to fit
                     gain, source = math.nan, "unknown"
             out[r.run_id] = {
                 "gain_2x_tokens": gain,
@@ -84,36 +86,42 @@ def convergence(runs: list[Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def grid_subsets(runs: list[Any]) -> tuple[dict[str, list[Point]], dict[str, Any]]:
+    """Each fit's points (joint: all; size: the largest budget's; tokens: the largest size's), and where."""
+    points = grid_points(runs)
+    largest_tokens = max(r.tokens for r in runs)
+    sizes = sorted({r.size for r in runs}, key=lambda s: max(r.params for r in runs if r.size == s))
+    subsets = {
+        "joint": points,
+        "size": [p for p, r in zip(points, runs) if r.tokens == largest_tokens],
+        "tokens": [p for p, r in zip(points, runs) if r.size == sizes[-1]],
+    }
+    where = {
+        "largest_tokens": largest_tokens,
+        "largest_size": sizes[-1],
+        "seeds": sorted({r.seed for r in runs}),
+    }
+    return subsets, where
+
+
 def check_grid(runs: list[Any]) -> None:
     """UserError (one line) when a fit of the grid cannot be made, before anything is read or written."""
-    from ablate.fitting.core import check_points
-    from ablate.fitting.forms import FORMS
-
-    points = grid_points(runs)
-    for arch in dict.fromkeys(p.arch for p in points):
-        check_points(FORMS["joint"], arch, [p for p in points if p.arch == arch])
+    for name, points in grid_subsets(runs)[0].items():
+        for arch in dict.fromkeys(p.arch for p in points):
+            check_points(FORMS[name], arch, [p for p in points if p.arch == arch])
 
 
 def grid_fits(
     runs: list[Any], reference: str | None, n_boot: int, seed: int
 ) -> tuple[dict[str, FitReport], dict[str, Any]]:
     """The joint and per-axis fits; and where the per-axis ones are taken (largest budget, largest size)."""
-    points = grid_points(runs)
-    seeds = {r.seed for r in runs}
-    boot = n_boot if len(seeds) >= 2 else 0
-    largest_tokens = max(r.tokens for r in runs)
-    sizes = sorted({r.size for r in runs}, key=lambda s: max(r.params for r in runs if r.size == s))
-    largest_size = sizes[-1]
-    subsets = {
-        "joint": points,
-        "size": [p for p, r in zip(points, runs) if r.tokens == largest_tokens],
-        "tokens": [p for p, r in zip(points, runs) if r.size == largest_size],
-    }
+    subsets, where = grid_subsets(runs)
+    boot = n_boot if len(where["seeds"]) >= 2 else 0
     fits = {
         name: fit_points(pts, name, n_boot=boot, seed=seed, reference=reference, paired=True)
         for name, pts in subsets.items()
     }
-    return fits, {"largest_tokens": largest_tokens, "largest_size": largest_size, "seeds": sorted(seeds)}
+    return fits, where
 
 
 def fit_rows(fits: dict[str, FitReport]) -> list[dict[str, Any]]:
