@@ -244,6 +244,7 @@ def _fit_grid(
     from ablate.report.budgets import train_seconds
     from ablate.report.fit import ratio_sentence
     from ablate.report.scaling import check_grid, write_grid_report
+    from ablate.report.table import precisions
     from ablate.store.study import completed_spans, report_folder
 
     check_grid(runs)
@@ -266,6 +267,7 @@ def _fit_grid(
         seed=seed,
         params_word=PARAMS_WORDS[params_count],
         notes=notes,
+        precision=precisions([r for r in records if r.run_id in {run.run_id for run in runs}]),
     )
     for r in runs:
         c = conv[r.run_id]

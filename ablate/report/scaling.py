@@ -273,15 +273,28 @@ def ratios_table(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def machine() -> str:
+    """This machine's CPU, cores and native-bf16 flags (none: float32 is the fast path)."""
+    import os
+
+    from ablate.hardware.device import cpu_name
+    from ablate.hardware.precision import cpu_bf16_flags
+
+    try:
+        flags = cpu_bf16_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        flags = []
+    return f"{os.cpu_count()} cores of an {cpu_name()}, native bf16 flags: {', '.join(flags) or 'none'}"
+
+
 def grid_readme(
     ctx: Any,
     fits: dict[str, FitReport],
     where: dict[str, Any],
     rows: dict[str, list[dict[str, Any]]],
     params_word: str,
+    precision: str,
 ) -> str:
-    from ablate.hardware.device import cpu_name
-
     points, cost = rows["points"], rows["grid"][0]
     sizes = sorted({(p["params"], p["size"]) for p in points if p["arch"] == fits["joint"].reference})
     budgets = sorted({p["tokens"] for p in points})
@@ -302,7 +315,7 @@ def grid_readme(
         f"ablate fit {recipe} --scale {ctx.scale} --out <this folder>",
         "```",
         "",
-        f"- machine: {cpu_name()} (the machine `ablate fit` ran on; the runs' own device tags are in MLflow)",
+        f"- machine: {machine()} (the one `ablate fit` ran on); precision: {precision}",
         f"- wall-clock: {cost['wall_clock_minutes']} min from the first trial's start to the last one's end "
         f"({cost['trials_minutes_summed']} min of trials summed over workers)",
         f"- grid: {len(sizes)} sizes ({', '.join(f'{s} {si(n)}' for n, s in sizes)} {params_word}) x "
@@ -353,10 +366,11 @@ def write_grid_report(
     seed: int,
     params_word: str,
     notes: list[str],
+    precision: str = "not recorded",
 ) -> tuple[list[Path], dict[str, FitReport], dict[str, dict[str, Any]]]:
     """Fit the grid and write the folder (module doc); returns the files, the fits and each run's
     convergence. `ctx`: the sweep (its recipe's name and path, its scale); `spans`: the study's completed
-    trials' (start, end); `seconds`: each run's training seconds."""
+    trials' (start, end); `seconds`: each run's training seconds; `precision`: what the runs trained in."""
     fits, where = grid_fits(runs, reference, n_boot, seed)
     conv = convergence(runs)
     for name, report in fits.items():
@@ -373,5 +387,5 @@ def write_grid_report(
     written += write_fit(fits["tokens"], folder / "tokens")
     written += [write_csv(folder / f"{name}.csv", r) for name, r in rows.items()]
     readme = folder / "README.md"
-    readme.write_text(grid_readme(ctx, fits, where, rows, params_word))
+    readme.write_text(grid_readme(ctx, fits, where, rows, params_word, precision))
     return [readme, *written], fits, conv
