@@ -333,11 +333,16 @@ def grid_readme(
         "",
         ratios_table(rows["ratios"]),
         "",
-        f"Ratio: Diff's trained value over the value the Transformer's fitted curve needs for the same loss; "
-        f"brackets: 95% percentile intervals over {fits['joint'].n_boot} paired resamples of the seeds "
-        f"({len(seeds)} seeds: {math.comb(2 * len(seeds) - 1, len(seeds))} distinct resamples). The paper's "
+        "Ratio: Diff's trained value over the value the Transformer's fitted curve needs for the same loss; "
+        + (
+            f"brackets: 95% percentile intervals over {fits['joint'].n_boot} paired resamples of the seeds "
+            f"({len(seeds)} seeds: {math.comb(2 * len(seeds) - 1, len(seeds))} distinct resamples). "
+            if len(seeds) >= 2
+            else "one seed, so no intervals (the bootstrap resamples seeds; sweep --seeds 0 1 2 for them). "
+        )
+        + "The paper's "
         "column is Figure 3 (830M-13.1B parameters, up to 360B tokens); these are models "
-        f"{si(sizes[0][0])}-{si(sizes[-1][0])} in size on Python source, and say nothing beyond them. "
+        f"of {si(sizes[0][0])}-{si(sizes[-1][0])} {params_word} on this recipe's data, and say nothing beyond them. "
         "Every ratio at every trained value: `ratios.csv`.",
         "",
         "## Figure 3's panels",
