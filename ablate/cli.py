@@ -296,7 +296,7 @@ def report(
 def fit(
     recipe: str | None = None,
     csv: str | None = None,
-    form: Literal["size", "tokens", "joint"] | None = None,
+    form: Literal["size", "tokens", "joint", "grid"] | None = None,
     out: str | None = None,
     bootstrap: int = 1000,
     params_count: Literal["non_embedding", "total"] = "non_embedding",
@@ -309,7 +309,8 @@ def fit(
     Args:
         recipe: recipe of the sweep (or give --csv)
         csv: fit points from a CSV: columns params, tokens, loss[, arch, run_id]
-        form: law to fit (default: size, or joint when the grid varies both)
+        form: law to fit (default: size; grid, the joint and per-axis fits with paired-seed ratios, for
+            sizes x token budgets)
         out: output folder (default reports/<recipe>[-<scale>])
         bootstrap: bootstrap resamples over runs
         params_count: which parameter count N is (non_embedding: Kaplan et al.)

@@ -6,6 +6,14 @@ drawn), so no data is copied. Draws that leave a form unidentifiable (fewer than
 variable, or fewer distinct design points than parameters) are redrawn and counted in `n_redrawn`: their
 fits are arbitrary, not uncertain. All draws are made up front from the seed, so the result does not
 depend on how many worker processes refit them.
+
+Paired (`paired=True`, a size x budget grid): the runs are seeds, and every arch draws from ONE stream, so
+draw b resamples the same seeds for every arch (seed k of each arch shares its data order and
+initialisation); equal-loss ratios then take arch A's and arch B's refits of the same draw. A draw is a
+multiset of seeds (3 seeds: 10 distinct ones), and each distinct one is refitted once.
+
+A fit with a parameter at a bound of the optimiser (`at_bound`) is not a minimum of the objective inside
+the allowed region: its values are flagged, and ratios from it are not quoted (ablate.fitting.ratios).
 """
 
 from __future__ import annotations
@@ -20,12 +28,13 @@ import numpy as np
 
 from ablate.core.errors import UserError
 
-from .forms import Form, predict_theta, theta_to_params
+from .forms import EXPONENT_BOUNDS, LOGCOEF_BOUNDS, Form, predict_theta, theta_to_params
 from .optimize import fit_theta, ranked_grid, single_blas_thread
 from .points import Point
 
 MIN_DISTINCT = 3  # distinct values per variable: E, coefficient and exponent need three levels
 MAX_REDRAWS = 100
+BOUND_RTOL = 1e-6  # a parameter within this fraction of its allowed range from a bound is at the bound
 
 
 @dataclass
@@ -45,6 +54,7 @@ class ArchFit:
     n_redrawn: int
     level: float
     notes: list[str] = field(default_factory=list)
+    at_bound: list[str] = field(default_factory=list)  # e.g. ["E = 0 (lower bound)"]; empty: an interior fit
     theta: np.ndarray = field(default=None, repr=False)
     centre: np.ndarray = field(default=None, repr=False)
     boot_theta: np.ndarray = field(default=None, repr=False)  # (n_boot, P), internal parameterisation
@@ -87,6 +97,21 @@ def _identifiable(form: Form, logv: np.ndarray, mask: np.ndarray) -> bool:
     if any(np.unique(row).size < MIN_DISTINCT for row in sub):
         return False
     return np.unique(sub.T, axis=0).shape[0] >= form.n_params
+
+
+def bounds_hit(form: Form, theta: np.ndarray, e_max: float) -> list[str]:
+    """The parameters of `theta` at a bound of `fit_theta`'s box, as readable phrases."""
+    boxes = [("E", (0.0, e_max))]
+    for cn, en in zip(form.coef_names, form.exp_names):
+        boxes += [(f"log {cn} (centred)", LOGCOEF_BOUNDS), (en, EXPONENT_BOUNDS)]
+    out = []
+    for (name, (lo, hi)), value in zip(boxes, theta):
+        tol = BOUND_RTOL * (hi - lo)
+        if value <= lo + tol:
+            out.append(f"{name} = {lo:g} (lower bound)")
+        elif value >= hi - tol:
+            out.append(f"{name} = {hi:.4g} (upper bound{': the smallest loss' if name == 'E' else ''})")
+    return out
 
 
 def check_points(form: Form, arch: str, pts: list[Point]) -> None:
@@ -137,7 +162,9 @@ def draw_weights(
 
 def _refit_chunk(x: np.ndarray, loss: np.ndarray, weights: np.ndarray, starts: np.ndarray) -> np.ndarray:
     with single_blas_thread():
-        return np.array([fit_theta(x, loss, w, n_starts=0, extra_starts=starts)[0] for w in weights])
+        distinct, back = np.unique(weights, axis=0, return_inverse=True)  # few seeds: few distinct draws
+        fits = np.array([fit_theta(x, loss, w, n_starts=0, extra_starts=starts)[0] for w in distinct])
+        return fits[np.asarray(back).ravel()]
 
 
 def refit_all(
@@ -168,8 +195,11 @@ def fit_arch(
     seed: int = 0,
     level: float = 0.95,
     n_jobs: int = 1,
+    paired: bool = False,
 ) -> ArchFit:
-    """Fit `form` to one architecture's points and bootstrap it over runs (`n_jobs` processes)."""
+    """Fit `form` to one architecture's points and bootstrap it over runs (`n_jobs` processes).
+
+    `paired`: the draws come from one stream shared by every arch (see the module doc)."""
     check_points(form, arch, pts)
     logv, loss = _design(form, pts)
     centre = logv.mean(axis=1)
@@ -185,7 +215,8 @@ def fit_arch(
     run_index = np.array([run_of[p.run_id] for p in pts])
     notes = []
     if n_boot > 0:
-        weights, redrawn = draw_weights(form, logv, run_index, n_boot, _arch_rng(seed, arch))
+        rng = _arch_rng(seed, "" if paired else arch)
+        weights, redrawn = draw_weights(form, logv, run_index, n_boot, rng)
         boot = refit_all(x, loss, weights, boot_starts, n_jobs)
         pub = [theta_to_params(form, t, centre) for t in boot]
         q = [50 * (1 - level), 50 * (1 + level)]
@@ -231,6 +262,7 @@ def fit_arch(
         n_redrawn=redrawn,
         level=level,
         notes=notes,
+        at_bound=bounds_hit(form, theta, float(loss.min())),
         theta=theta,
         centre=centre,
         boot_theta=boot,

@@ -46,12 +46,15 @@ def fit_points(
     reference: str | None = None,
     ratios: bool | None = None,
     n_jobs: int = 1,
+    paired: bool = False,
 ) -> FitReport:
     """Fit `form` per architecture, bootstrap over runs, and compute equal-loss ratios.
 
     `ratios=None` computes them whenever there are >= 2 archs; `ratios=True` (or a `reference`) with a
     single arch is a UserError. The reference is `reference`, else "transformer" if present, else the
     first arch in the points. `n_jobs > 1` refits the resamples in that many processes (same result).
+    `paired=True`: each point's `run_id` is its seed, and every arch resamples the same seeds in each draw
+    (a size x budget grid: ablate.fitting.core), so the ratios' intervals are paired over seeds.
     """
     form = get_form(form)
     pts = as_points(points)
@@ -76,8 +79,16 @@ def fit_points(
     if want_ratios and reference is None:
         reference = DEFAULT_REFERENCE if DEFAULT_REFERENCE in by_arch else next(iter(by_arch))
 
+    if paired:
+        units = {a: sorted({p.run_id for p in ps}) for a, ps in by_arch.items()}
+        first = next(iter(units.values()))
+        if any(u != first for u in units.values()):
+            raise UserError(
+                "fit: a paired bootstrap needs the same seeds in every arch; seeds per arch: "
+                + "; ".join(f"{a}: {', '.join(u)}" for a, u in units.items())
+            )
     fits = {
-        a: fit_arch(form, a, ps, n_boot=n_boot, seed=seed, level=level, n_jobs=n_jobs)
+        a: fit_arch(form, a, ps, n_boot=n_boot, seed=seed, level=level, n_jobs=n_jobs, paired=paired)
         for a, ps in by_arch.items()
     }
     out_ratios: list[Ratio] = []

@@ -10,6 +10,9 @@ instead of being dropped.
 Joint form: parameter ratios are taken at B's largest trained token budget, token ratios at B's
 largest trained size. When B has more than `MAX_POINTS` distinct trained values, ratios are given at
 `MAX_POINTS` of them spread evenly in log scale.
+
+A fit with a parameter at its bound (`ArchFit.at_bound`) is not an interior optimum: a ratio from it has
+status "at bound" and is not quoted (its numbers are kept for inspection).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class Ratio:
     ratio: float = math.nan  # v_B / v_A
     lo: float = math.nan
     hi: float = math.nan
-    status: str = "interpolated"  # "interpolated" | "extrapolated" | "no solution"
+    status: str = "interpolated"  # "interpolated" | "extrapolated" | "no solution" | "at bound"
     n_boot: int = 0
     n_boot_no_solution: int = 0
     level: float = 0.95
@@ -91,6 +94,8 @@ def equal_loss_ratios(ref: ArchFit, other: ArchFit, quantity: str) -> list[Ratio
             status = "extrapolated"
         else:
             status = "interpolated"
+        if ref.at_bound or other.at_bound:
+            status = "at bound"
         lo = hi = math.nan
         n_none = 0
         if m > 0:

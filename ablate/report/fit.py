@@ -48,6 +48,11 @@ def ratio_sentence(r: Ratio) -> str:
     pct = f"{100 * r.level:.0f}%"
     ci = f"{pct} CI {100 * r.lo:.1f}-{100 * r.hi:.1f}%" if math.isfinite(r.lo) else "no interval"
     word = QUANTITY_WORD[r.quantity]
+    if r.status == "at bound":
+        return (
+            f"{r.arch} against {r.reference} at {where}: not quoted, a fit has a parameter at its bound "
+            f"(point estimate {100 * r.ratio:.1f}%, {ci})"
+        )
     if r.status == "no solution":
         text = (
             f"{r.arch} at {where} reaches loss {r.target_loss:.4g}, which {r.reference} does not reach with any "
@@ -88,6 +93,7 @@ def report_dict(report: FitReport) -> dict:
             "converged": f.converged,
             "n_boot": f.n_boot,
             "n_redrawn": f.n_redrawn,
+            "at_bound": list(f.at_bound),
             "notes": list(f.notes),
         }
     ratios = [
@@ -156,6 +162,11 @@ def report_markdown(report: FitReport) -> str:
     notes = list(report.notes) + [f"{name}: {n}" for name, f in report.archs.items() for n in f.notes]
     notes += [
         f"{name}: the optimiser stopped on maxiter" for name, f in report.archs.items() if not f.converged
+    ]
+    notes += [
+        f"{name}: at a bound, {'; '.join(f.at_bound)}: not an interior optimum, its ratios are not quoted"
+        for name, f in report.archs.items()
+        if f.at_bound
     ]
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]

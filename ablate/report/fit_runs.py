@@ -21,6 +21,10 @@ Per run, `fit_loss_curve` fits `E + A t^-alpha` to its validations after warmup 
 converged when twice the tokens would still lower the loss by 1% or more: the table "Runs" at the end of
 fit.md, and the tags `ablate.fit.converged` (yes | no | unknown), `ablate.fit.predicted_gain` on each run.
 
+A size x budget grid (several sizes, and budgets) is fitted by ablate.report.scaling: the joint form and
+the per-axis forms at the largest budget and size, ratios with paired seed intervals, and a README
+(`--form grid`, the default there).
+
 Written into `out` (default `reports/<recipe>[-<scale>]/`), and logged under `fit/` to the sweep's MLflow
 parent run: fit.json, fit.md, loss_vs_params.png and/or loss_vs_tokens.png.
 
@@ -50,7 +54,7 @@ from ablate.store import tracking
 
 PARAMS_TAGS = {"non_embedding": "ablate.non_embedding_params", "total": "ablate.params"}
 PARAMS_WORDS = {"non_embedding": "non-embedding parameters", "total": "all parameters (embeddings included)"}
-FORMS = ("size", "tokens", "joint")
+FORMS = ("size", "tokens", "joint", "grid")
 CHECKPOINT_NOTE = (
     "Points are the validations of each run after warmup. A checkpoint inside one run is not a separate run "
     "at that token budget: the run's learning rate decays to the run's own end, so a run trained to that "
@@ -140,6 +144,16 @@ def run_fit_recipe(
             f"runs ({', '.join(missing)}: none); finish the sweep with {sweep_hint(ctx)}"
         )
     sizes = list(dict.fromkeys(r.size for r in runs))
+    from ablate.report.scaling import is_grid
+
+    if form == "grid" and not is_grid(runs, budgeted):
+        raise UserError(
+            f"--form grid: needs several sizes and token budgets; {recipe.name} at scale {scale} has "
+            f"{len(sizes)} size(s){'' if budgeted else ' and no budgets'}; use --form size, tokens or joint"
+        )
+    if form in (None, "grid") and is_grid(runs, budgeted):
+        reference = "transformer" if "transformer" in archs else archs[0]
+        return _fit_grid(ctx, study, client, runs, records, reference, out, n_boot, seed, params_count)
     form = form or ("size" if len(sizes) > 1 else "tokens")
     if form == "tokens" and len(sizes) > 1:
         raise UserError(
@@ -211,6 +225,65 @@ def run_fit_recipe(
             f"[fit]   not converged ({len(not_converged)} of {len(runs)} runs): {', '.join(not_converged)}",
             flush=True,
         )
+    return written
+
+
+def _fit_grid(
+    ctx: Any,
+    study: Any,
+    client: Any,
+    runs: list[FinishedRun],
+    records: list,
+    reference: str,
+    out: Path | None,
+    n_boot: int,
+    seed: int,
+    params_count: str,
+) -> list[Path]:
+    """`ablate fit` over a size x budget grid (ablate.report.scaling)."""
+    from ablate.report.budgets import train_seconds
+    from ablate.report.fit import ratio_sentence
+    from ablate.report.scaling import check_grid, write_grid_report
+    from ablate.report.table import precisions
+    from ablate.store.study import completed_spans, report_folder
+
+    check_grid(runs)
+    left_out = [r for r in records if not (r.state == "finished" and r.run_id)]
+    notes = _notes(ctx, "joint", runs, runs, left_out, params_count, budgeted=True)[:1]
+    notes.append(
+        "Each point is one run's final validation loss at its own token budget (the largest budget trained "
+        "from step 0 under warmup-stable-decay, each smaller budget cooled down from its branch point); "
+        "intervals resample seeds, the same seeds for both arms."
+    )
+    folder = Path(out) if out is not None else report_folder(ctx, None)
+    written, fits, conv = write_grid_report(
+        ctx,
+        runs,
+        reference,
+        folder,
+        spans=completed_spans(study.get_trials(deepcopy=False)),
+        seconds=train_seconds(ctx, [r for r in records if r.run_id in {run.run_id for run in runs}]),
+        n_boot=n_boot,
+        seed=seed,
+        params_word=PARAMS_WORDS[params_count],
+        notes=notes,
+        precision=precisions([r for r in records if r.run_id in {run.run_id for run in runs}]),
+    )
+    for r in runs:
+        c = conv[r.run_id]
+        client.set_tag(
+            r.run_id, "ablate.fit.converged", {True: "yes", False: "no", None: "unknown"}[c["converged"]]
+        )
+        if math.isfinite(c["gain_2x_tokens"]):
+            client.set_tag(r.run_id, "ablate.fit.predicted_gain", f"{c['gain_2x_tokens']:.5f}")
+    parent = study.user_attrs.get("mlflow_parent_run_id")
+    if parent:
+        tracking.log_files(client, parent, [p for p in written if p.parent == folder], artifact_path="fit")
+        client.set_tag(parent, "ablate.fit.form", "grid")
+    print(f"[fit] {ctx.study_name}: a size x budget grid, {len(runs)} runs; {folder}", flush=True)
+    for name, report in fits.items():
+        for ratio in report.ratios:
+            print(f"[fit]   {name}: {ratio_sentence(ratio)}", flush=True)
     return written
 
 
