@@ -229,13 +229,19 @@ def sweep(
         train=not no_train,
     )
     if folder is not None:
-        from ablate.store.tracking import sweep_runs_url
-
-        ui = "ablate ui" + (f" --workspace {opts.workspace}" if opts.workspace != DEFAULT_WORKSPACE else "")
-        served = ctx.tracking_uri if (ctx.tracking_uri or "").startswith("http") else "http://127.0.0.1:5000"
-        url = sweep_runs_url(ctx.workspace, ctx.tracking_uri, ctx.recipe.name, ctx.scale, served) or served
-        print(f"report: {folder}/table.md (and table.csv, loss_curves.png)\nMLflow UI: {ui}  -> {url}")
+        print(f"report: {folder}/table.md (and table.csv, loss_curves.png)")
+        _print_ui_link(ctx, opts)
     return 0
+
+
+def _print_ui_link(ctx: Any, opts: Shared) -> None:
+    """How to open the sweep's runs in the MLflow UI: the command, and the link to its comparison view."""
+    from ablate.store.tracking import sweep_runs_url
+
+    ui = "ablate ui" + (f" --workspace {opts.workspace}" if opts.workspace != DEFAULT_WORKSPACE else "")
+    served = ctx.tracking_uri if (ctx.tracking_uri or "").startswith("http") else "http://127.0.0.1:5000"
+    url = sweep_runs_url(ctx.workspace, ctx.tracking_uri, ctx.recipe.name, ctx.scale, served) or served
+    print(f"MLflow UI: {ui}  -> {url}")
 
 
 @shared("scale", "seeds", "workspace", "tracking_uri", "storage")
@@ -286,6 +292,7 @@ def report(
     ctx = _sweep_context(recipe, opts, search, grace_period, overrides)
     study, _ = open_study(ctx, create=False)
     write_report(ctx, study, report_folder(ctx, Path(opts.reports)))
+    _print_ui_link(ctx, opts)
     return 0
 
 

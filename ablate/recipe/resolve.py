@@ -425,20 +425,20 @@ class Recipe:
                     train = dataclasses.replace(train, steps=steps[-1])
                 if solved[key] is not configs[key]:  # a `match:` knob was solved (ablate.recipe.matching)
                     model = ModelConfig.from_dict(solved[key]["model"])
-                variant = self.variants[key]
+                label = self.row_labels[key]  # Table 6's two "Transformer" rows: told apart everywhere
                 for seed in seeds:
                     runs.append(
                         RunSpec(
                             self.name,
                             key,
-                            variant.label,
+                            label,
                             scale,
                             int(seed),
                             size,
                             model,
                             train,
                             data,
-                            variant.paper,
+                            self.variants[key].paper,
                             steps,
                         )
                     )

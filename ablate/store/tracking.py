@@ -122,10 +122,16 @@ def runs_page_url(ui_url: str, experiment_id: str) -> str:
 def sweep_runs_url(
     workspace: Path, tracking_uri: str | None, recipe: str, scale: str, ui_url: str = "http://127.0.0.1:5000"
 ) -> str | None:
-    """The runs page of a sweep's experiment (None when the store has no such experiment yet)."""
+    """The link that opens a sweep's runs as a comparison of its variants (ablate.store.comparison), its
+    view saved first; None when the store has no such experiment yet."""
+    from ablate.store import comparison
+
     client = client_for(workspace, tracking_uri)
     experiment = client.get_experiment_by_name(experiment_name(recipe, scale))
-    return None if experiment is None else runs_page_url(ui_url, experiment.experiment_id)
+    if experiment is None:
+        return None
+    comparison.save_view(client, experiment.experiment_id)
+    return comparison.view_url(ui_url, experiment.experiment_id)
 
 
 # Generated outputs that are tracked (committed reports): rewriting them is not a change of the code.
