@@ -872,6 +872,8 @@ def parse_args(argv: Sequence[str]) -> tuple[str, dict[str, Any], list, bool]:
         raise UserError(_one_line(verb, str(e), known)) from None
     values = namespace[verb].as_dict() if hasattr(namespace[verb], "as_dict") else dict(namespace[verb])
     values = {k: v for k, v in values.items() if k in verb_flags(verb) or k == "options"}
+    if not override_tokens:  # `ablate ui`, `ablate server`: no recipe, so no torch to import (or tear down)
+        return verb, values, [], print_config
     from ablate.recipe.resolve import parse_overrides
 
     return verb, values, parse_overrides(override_tokens), print_config

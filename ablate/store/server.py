@@ -186,10 +186,14 @@ def serve_ui(workspace: Path, tracking_uri: str | None, host: str = "127.0.0.1",
             print(f"  {newest.name}; the UI's Experiments page lists the others: {names}", flush=True)
 
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    return run_until_stopped(ui_command(uri, artifacts, host, port), url, ready, env=env)
+    # A browser's UI over a local store: nothing in flight is worth waiting for (`ablate server`, whose
+    # workers may be uploading, gives uvicorn longer), so Ctrl-C frees the port within a few seconds.
+    return run_until_stopped(ui_command(uri, artifacts, host, port), url, ready, env=env, grace=0.5)
 
 
-def run_until_stopped(cmd: list[str], url: str, on_ready, env: dict[str, str] | None = None) -> int:
+def run_until_stopped(
+    cmd: list[str], url: str, on_ready, env: dict[str, str] | None = None, grace: float = 5.0
+) -> int:
     """Run an MLflow server command until it exits, Ctrl-C or SIGTERM; on any of them stop its whole
     process group (uvicorn workers, job consumers): nothing is left holding the port."""
     # Its own process group: `mlflow server`/`ui` run uvicorn and job consumers in child processes.
@@ -207,13 +211,13 @@ def run_until_stopped(cmd: list[str], url: str, on_ready, env: dict[str, str] | 
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
-        _stop_group(proc)
+        _stop_group(proc, grace)
 
 
-def _stop_group(proc: subprocess.Popen, grace: float = 2.0) -> None:
-    """SIGTERM to the whole group, SIGKILL to whatever of it is left after `grace` seconds (uvicorn ends
-    its requests within it; MLflow's job consumers take half a minute to end by themselves). The group
-    outlives its leader when `mlflow` exits before its workers, so it is the group that is waited for."""
+def _stop_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM to the whole group, SIGKILL to whatever of it is left after `grace` seconds (uvicorn takes
+    seconds to end on a busy machine, MLflow's job consumers half a minute). The group outlives its
+    leader when `mlflow` exits before its workers, so it is the group that is waited for."""
     deadline = time.monotonic() + grace
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -230,14 +234,29 @@ def _stop_group(proc: subprocess.Popen, grace: float = 2.0) -> None:
 
 
 def _group_alive(proc: subprocess.Popen) -> bool:
+    """Whether a process of `proc`'s group still runs. Zombies do not count: a killed worker whose parent
+    died too waits for init to reap it, which a container's init may take seconds to do."""
     proc.poll()  # reap the leader, or it stays a zombie member of its own group
-    try:
-        os.killpg(proc.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    proc_fs = Path("/proc")
+    if not proc_fs.is_dir():  # no procfs (macOS): a signal 0 to the group, zombies included
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
         return True
-    return True
+    for entry in proc_fs.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        state, _ppid, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]  # after "pid (comm) "
+        if int(pgrp) == proc.pid and state != "Z":
+            return True
+    return False
 
 
 def _redact(url: str) -> str:
