@@ -646,3 +646,14 @@ def test_search_spec_mistakes_are_one_line(tmp_path, text, fragment):
 
     with pytest.raises(UserError, match=re.escape(fragment)):
         load_search_spec(write(tmp_path, text, "spec.yaml"))
+
+
+def test_rows_sharing_a_label_are_told_apart_by_their_variant_key():
+    """Table 6's two "Transformer" rows: their runs (the `ablate.label` tag, tables, legends) carry the key."""
+    root = Path(__file__).resolve().parents[2]
+    runs = load_recipe(root / "recipes" / "table6.yaml", scale="tiny").runs
+    labels = {run.variant: run.label for run in runs}
+    assert labels["transformer"] == "Transformer [transformer]"
+    assert labels["transformer_d256"] == "Transformer [transformer_d256]"
+    assert labels["diff"] == "Diff Transformer"  # a unique label stays as written
+    assert len(set(labels.values())) == len(labels)
