@@ -668,6 +668,9 @@ def build_parser(verb: str | None = None):
         "models: ablate <verb> --help for each verb's options.",
         exit_on_error=False,
     )
+    from ablate import __version__
+
+    parser.add_argument("--version", action="version", version=f"ablate {__version__}")
     subcommands = parser.add_subcommands(dest="verb", required=True)
     for name, fn in VERBS.items():
         usage = None
@@ -756,7 +759,8 @@ def _add_recipe_help(sub) -> None:
 
 
 def _first_line(fn: Callable) -> str:
-    return (inspect.getdoc(fn) or "").splitlines()[0]
+    """The docstring's first paragraph, as one line (a summary may wrap over several)."""
+    return " ".join((inspect.getdoc(fn) or "").split("\n\n")[0].split())
 
 
 def _param_docs(fn: Callable) -> dict[str, str]:

@@ -411,6 +411,8 @@ class Recipe:
                 try:
                     typed[key] = _complete(config, where=where)
                 except UserError as e:
+                    if str(e).split(":", 1)[0] in {path for path, _ in self.base_overrides}:
+                        raise UserError(f"--base.{e}") from None  # the user's flag, wrong for every row
                     raise UserError(f"{e} (in {where})") from None
             configs = {key: sections_as_dict(*sections) for key, sections in typed.items()}
             solved = solve_matches(configs, self.raw["variants"], dataclasses.asdict(self.tolerance))

@@ -3,7 +3,8 @@
 - Store: embedded by default, SQLite at `<workspace>/mlflow.db` with artifacts under
   `<workspace>/artifacts`; `--tracking-uri` (e.g. http://host:5000) switches to a server.
 - Experiment = recipe name (+ "-<scale>" unless the scale is `paper`), so scales never mix in one table.
-- Run name = variant (-size) -s<seed>; tags: recipe, variant, scale, seed, size, label, run key, code version.
+- Run name = variant (-size) -s<seed>; tags: recipe, variant, scale, seed, size (if any), label, run key,
+  code version.
 - A run is found again by its run key (a hash of its resolved config): resuming never creates a
   second MLflow run for the same RunSpec unless the first one finished and `fresh` is asked for.
 
@@ -204,10 +205,11 @@ def run_tags(run, code: str, extra: dict[str, str] | None = None) -> dict[str, s
         TAG + "label": run.label,
         TAG + "scale": run.scale,
         TAG + "seed": str(run.seed),
-        TAG + "size": run.size or "",
         RUN_KEY: run.key,
         TAG + "code_version": code,
     }
+    if run.size:  # a recipe without sizes: no empty tag
+        tags[TAG + "size"] = run.size
     tags.update(extra or {})
     return tags
 
