@@ -294,6 +294,22 @@ def log_text(client, run_id: str, text: str, name: str) -> None:
         client.log_artifact(run_id, str(path))
 
 
+def log_json(client, run_id: str, data: dict[str, Any], name: str) -> None:
+    """`data` as a strict JSON artifact: a NaN or infinity (a diverged loss) is written as null, which
+    every JSON reader accepts, not as Python's `NaN`, which is not JSON."""
+    log_text(client, run_id, json.dumps(_finite_or_none(data), indent=2, allow_nan=False), name)
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
 def log_files(client, run_id: str, paths: list[Path], artifact_path: str | None = None) -> None:
     for path in paths:
         client.log_artifact(run_id, str(path), artifact_path)
