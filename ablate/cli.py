@@ -665,7 +665,9 @@ def build_parser(verb: str | None = None):
     parser = ArgumentParser(
         prog="ablate",
         description="Declarative architecture ablations of decoder language "
-        "models: ablate <verb> --help for each verb's options.",
+        "models: ablate <verb> --help for each verb's options. There is no --config FILE: the recipe "
+        "(the first argument of every verb that trains) is the config file, and --print_config writes "
+        "one resolved, with the overrides applied.",
         exit_on_error=False,
     )
     from ablate import __version__
