@@ -30,6 +30,7 @@ VARIANT_TAG = "ablate.variant"
 FIRST_METRICS = ("val/loss", "val/ar_hit", "val/others")  # Table 6's columns
 SECTION = "val"  # MLflow's chart section of `val/...` metrics (the key up to its last '/')
 RUN_NAME_COLUMN = "attributes.`Run Name`"
+LABEL_COLUMN = "tags.`ablate.label`"
 TRIALS_ONLY = "tags.`ablate.run_key` LIKE '%'"  # every trial's run has one; the sweep's parent does not
 
 
@@ -69,14 +70,15 @@ def view_state(metrics: list[str], variants: list[str]) -> dict[str, Any]:
         "deleted": False,
         "isGenerated": True,
     }
-    columns = [f"metrics.`{m}`" for m in metrics] + ["tags.`ablate.label`", "tags.`ablate.seed`"]
+    columns = [f"metrics.`{m}`" for m in metrics] + [LABEL_COLUMN, "tags.`ablate.seed`"]
     return {
         "searchFilter": TRIALS_ONLY,
         "orderByKey": "attributes.start_time",
         "orderByAsc": True,
         "selectedColumns": columns,
         "columnOrder": [RUN_NAME_COLUMN, *columns],  # the grid sorts a group's columns by name otherwise
-        "columnWidths": {RUN_NAME_COLUMN: 280},  # "diff_lambda_05-s0" and "Group: diff_lambda_05" uncut
+        # "diff_lambda_05-s0", "Group: diff_lambda_05" and "Transformer [transformer_d256]" uncut
+        "columnWidths": {RUN_NAME_COLUMN: 280, LABEL_COLUMN: 240},
         "groupBy": {
             "aggregateFunction": "average",
             "groupByKeys": [{"mode": "tag", "groupByData": VARIANT_TAG}],
