@@ -232,13 +232,19 @@ def sweep(
         final=final,
     )
     if folder is not None:
-        from ablate.store.tracking import sweep_runs_url
-
-        ui = "ablate ui" + (f" --workspace {opts.workspace}" if opts.workspace != DEFAULT_WORKSPACE else "")
-        served = ctx.tracking_uri if (ctx.tracking_uri or "").startswith("http") else "http://127.0.0.1:5000"
-        url = sweep_runs_url(ctx.workspace, ctx.tracking_uri, ctx.recipe.name, ctx.scale, served) or served
-        print(f"report: {folder}/table.md (and table.csv, loss_curves.png)\nMLflow UI: {ui}  -> {url}")
+        print(f"report: {folder}/table.md (and table.csv, loss_curves.png)")
+        _print_ui_link(ctx, opts)
     return 0
+
+
+def _print_ui_link(ctx: Any, opts: Shared) -> None:
+    """How to open the sweep's runs in the MLflow UI: the command, and the link to its comparison view."""
+    from ablate.store.tracking import sweep_runs_url
+
+    ui = "ablate ui" + (f" --workspace {opts.workspace}" if opts.workspace != DEFAULT_WORKSPACE else "")
+    served = ctx.tracking_uri if (ctx.tracking_uri or "").startswith("http") else "http://127.0.0.1:5000"
+    url = sweep_runs_url(ctx.workspace, ctx.tracking_uri, ctx.recipe.name, ctx.scale, served) or served
+    print(f"MLflow UI: {ui}  -> {url}")
 
 
 @shared("scale", "seeds", "workspace", "tracking_uri", "storage")
@@ -289,6 +295,7 @@ def report(
     ctx = _sweep_context(recipe, opts, search, grace_period, overrides)
     study, _ = open_study(ctx, create=False)
     write_report(ctx, study, report_folder(ctx, Path(opts.reports)))
+    _print_ui_link(ctx, opts)
     return 0
 
 
@@ -662,9 +669,14 @@ def build_parser(verb: str | None = None):
     parser = ArgumentParser(
         prog="ablate",
         description="Declarative architecture ablations of decoder language "
-        "models: ablate <verb> --help for each verb's options.",
+        "models: ablate <verb> --help for each verb's options. There is no --config FILE: the recipe "
+        "(the first argument of every verb that trains) is the config file, and --print_config writes "
+        "one resolved, with the overrides applied.",
         exit_on_error=False,
     )
+    from ablate import __version__
+
+    parser.add_argument("--version", action="version", version=f"ablate {__version__}")
     subcommands = parser.add_subcommands(dest="verb", required=True)
     for name, fn in VERBS.items():
         usage = None
@@ -753,7 +765,8 @@ def _add_recipe_help(sub) -> None:
 
 
 def _first_line(fn: Callable) -> str:
-    return (inspect.getdoc(fn) or "").splitlines()[0]
+    """The docstring's first paragraph, as one line (a summary may wrap over several)."""
+    return " ".join((inspect.getdoc(fn) or "").split("\n\n")[0].split())
 
 
 def _param_docs(fn: Callable) -> dict[str, str]:
@@ -869,6 +882,8 @@ def parse_args(argv: Sequence[str]) -> tuple[str, dict[str, Any], list, bool]:
         raise UserError(_one_line(verb, str(e), known)) from None
     values = namespace[verb].as_dict() if hasattr(namespace[verb], "as_dict") else dict(namespace[verb])
     values = {k: v for k, v in values.items() if k in verb_flags(verb) or k == "options"}
+    if not override_tokens:  # `ablate ui`, `ablate server`: no recipe, so no torch to import (or tear down)
+        return verb, values, [], print_config
     from ablate.recipe.resolve import parse_overrides
 
     return verb, values, parse_overrides(override_tokens), print_config

@@ -8,6 +8,7 @@ while the other rows' components do (an attention without `position` beside RoPE
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ablate.core import contract, registry
 from ablate.core.config import Tolerance
@@ -115,6 +116,27 @@ def solved_notes(recipe: Recipe, costs: list[VariantCost]) -> list[str]:
     return lines
 
 
+def warmup_notes(costs: list[VariantCost]) -> list[str]:
+    """A line for rows whose warmup is as long as the run: their learning rate never reaches `train.lr`
+    (typically `--base.train.steps` lowered without `--base.train.warmup_steps`); one line when every row
+    is alike."""
+    short = {_row_name(c.run): c.run.train for c in costs if c.run.train.warmup_steps >= c.run.train.steps}
+
+    def line(where: str, train: Any) -> str:
+        return (
+            f"{where}train.warmup_steps {train.warmup_steps} >= train.steps {train.steps}: the learning rate "
+            f"rises for the whole run and never reaches train.lr {train.lr:g} (lower train.warmup_steps too)"
+        )
+
+    if (
+        short
+        and len(short) == len(costs)
+        and len({(t.warmup_steps, t.steps, t.lr) for t in short.values()}) == 1
+    ):
+        return [line("", next(iter(short.values())))]
+    return [line(f"variants.{name}: ", train) for name, train in short.items()]
+
+
 def structure_differences(costs: list[VariantCost]) -> list[str]:
     """One line per injected structure a row's component does not take while other rows' components do."""
     taken = [
@@ -161,7 +183,12 @@ def run_check(recipe: Recipe, scale: str | None, allow_unmatched: bool = False) 
     """Print-ready report (table, then notes); raises UserError when a variant is beyond the recipe's tolerance."""
     costs = variant_costs(recipe, scale)
     table, unmatched = check_table(costs, recipe.tolerance)
-    notes = [flops_note(costs), *solved_notes(recipe, costs), *structure_differences(costs)]
+    notes = [
+        flops_note(costs),
+        *solved_notes(recipe, costs),
+        *structure_differences(costs),
+        *warmup_notes(costs),
+    ]
     report = table + "\n\n" + "\n".join(notes)
     if unmatched and not allow_unmatched:
         tol = recipe.tolerance

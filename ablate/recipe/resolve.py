@@ -411,6 +411,8 @@ class Recipe:
                 try:
                     typed[key] = _complete(config, where=where)
                 except UserError as e:
+                    if str(e).split(":", 1)[0] in {path for path, _ in self.base_overrides}:
+                        raise UserError(f"--base.{e}") from None  # the user's flag, wrong for every row
                     raise UserError(f"{e} (in {where})") from None
             configs = {key: sections_as_dict(*sections) for key, sections in typed.items()}
             solved = solve_matches(configs, self.raw["variants"], dataclasses.asdict(self.tolerance))
@@ -425,20 +427,20 @@ class Recipe:
                     train = dataclasses.replace(train, steps=steps[-1])
                 if solved[key] is not configs[key]:  # a `match:` knob was solved (ablate.recipe.matching)
                     model = ModelConfig.from_dict(solved[key]["model"])
-                variant = self.variants[key]
+                label = self.row_labels[key]  # Table 6's two "Transformer" rows: told apart everywhere
                 for seed in seeds:
                     runs.append(
                         RunSpec(
                             self.name,
                             key,
-                            variant.label,
+                            label,
                             scale,
                             int(seed),
                             size,
                             model,
                             train,
                             data,
-                            variant.paper,
+                            self.variants[key].paper,
                             steps,
                         )
                     )

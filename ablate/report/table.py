@@ -252,7 +252,9 @@ def table_rows(
             seeds_text = f"{len(finished)}/{len(group)}" + "".join(
                 f"; seed {r.seed} {r.state.upper()}: {r.reason or '-'}" for r in failed
             )
-            label = spec.label + (f" {marks[(size, variant)]}" if marks.get((size, variant)) else "")
+            label = row_labels(ctx)[variant] + (
+                f" {marks[(size, variant)]}" if marks.get((size, variant)) else ""
+            )
             row = (
                 [label]
                 + ([size] if any(sizes) else [])
@@ -280,7 +282,7 @@ def table_rows(
                 csv_rows.append(
                     {
                         "variant": variant,
-                        "label": spec.label,
+                        "label": row_labels(ctx)[variant],
                         "size": size,
                         "seed": r.seed,
                         "state": r.state,
@@ -522,7 +524,7 @@ def comparisons_note(ctx: Any, records: list[RunRecord]) -> str:
 
     def name(key: tuple[str, str]) -> str:
         size, variant = key
-        return ctx.recipe.variants[variant].label + (f" ({size})" if size else "")
+        return row_labels(ctx)[variant] + (f" ({size})" if size else "")
 
     text = f"{len(keys)} comparison{'s' * (len(keys) != 1)} (each row against the first row of its size)"
     if not starred:

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from ablate.core.errors import UserError
-from ablate.store import tracking
+from ablate.store import comparison, tracking
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # binds to every interface
 READY_TIMEOUT = 180.0  # seconds; the first start on an empty database runs MLflow's migrations
@@ -146,15 +146,18 @@ def ui_command(backend_store_uri: str, artifacts_uri: str, host: str, port: int)
         str(port),
         "--workers",
         "1",
+        "--uvicorn-opts",
+        "--log-level warning",  # no line per request: the link stays the last line printed
     ]
 
 
 def serve_ui(workspace: Path, tracking_uri: str | None, host: str = "127.0.0.1", port: int = 5000) -> int:
-    """`ablate ui`: `mlflow ui` over the workspace store, opened on the runs, until interrupted or terminated.
+    """`ablate ui`: `mlflow ui` over the workspace store until interrupted or terminated; once it answers,
+    one link: the newest experiment's runs as a comparison of its variants (ablate.store.comparison).
 
-    Every experiment in the store is tagged as a training experiment first (stores written before the tag
-    existed), so MLflow 3 shows its runs table rather than its GenAI overview; the runs page of each
-    experiment is printed once the UI answers.
+    Every experiment is tagged as a training experiment first (stores written before the tag existed)
+    and given the comparison view. MLflow's job consumers (GenAI judges and scorers) are not started:
+    comparing training runs needs none of them.
     """
     if tracking_uri and tracking_uri.startswith("http"):
         print(f"the tracking server is already a UI: open {tracking_uri}")
@@ -169,24 +172,32 @@ def serve_ui(workspace: Path, tracking_uri: str | None, host: str = "127.0.0.1",
     ]
     for experiment in experiments:
         tracking.mark_training_experiment(client, experiment)
+        comparison.save_view(client, experiment.experiment_id)
     url = url_for(host, port)
-    print(f"MLflow UI on {url}  (store {uri}; Ctrl-C stops it)", flush=True)
 
     def ready() -> None:
-        for experiment in experiments:
-            print(
-                f"runs of {experiment.name}: {tracking.runs_page_url(url, experiment.experiment_id)}",
-                flush=True,
-            )
+        if not experiments:
+            print(f"MLflow UI: {url}  (no experiment in {uri} yet; Ctrl-C stops it)", flush=True)
+            return
+        newest, *others = experiments
+        print(f"MLflow UI: {comparison.view_url(url, newest.experiment_id)}  (Ctrl-C stops it)", flush=True)
+        if others:
+            names = ", ".join(e.name for e in others)
+            print(f"  {newest.name}; the UI's Experiments page lists the others: {names}", flush=True)
 
-    return run_until_stopped(ui_command(uri, artifacts, host, port), url, ready)
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    # A browser's UI over a local store: nothing in flight is worth waiting for (`ablate server`, whose
+    # workers may be uploading, gives uvicorn longer), so Ctrl-C frees the port within a few seconds.
+    return run_until_stopped(ui_command(uri, artifacts, host, port), url, ready, env=env, grace=0.5)
 
 
-def run_until_stopped(cmd: list[str], url: str, on_ready) -> int:
+def run_until_stopped(
+    cmd: list[str], url: str, on_ready, env: dict[str, str] | None = None, grace: float = 5.0
+) -> int:
     """Run an MLflow server command until it exits, Ctrl-C or SIGTERM; on any of them stop its whole
     process group (uvicorn workers, job consumers): nothing is left holding the port."""
     # Its own process group: `mlflow server`/`ui` run uvicorn and job consumers in child processes.
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
 
     def stop(signum: int, frame: object) -> None:  # SIGTERM: stop the server too, then exit
         raise KeyboardInterrupt
@@ -200,12 +211,13 @@ def run_until_stopped(cmd: list[str], url: str, on_ready) -> int:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
-        _stop_group(proc)
+        _stop_group(proc, grace)
 
 
-def _stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
-    """SIGTERM to the whole group, SIGKILL to whatever of it is left after `grace` seconds. The group
-    outlives its leader when `mlflow` exits before its workers, so it is the group that is waited for."""
+def _stop_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM to the whole group, SIGKILL to whatever of it is left after `grace` seconds (uvicorn takes
+    seconds to end on a busy machine, MLflow's job consumers half a minute). The group outlives its
+    leader when `mlflow` exits before its workers, so it is the group that is waited for."""
     deadline = time.monotonic() + grace
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -222,14 +234,29 @@ def _stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
 
 
 def _group_alive(proc: subprocess.Popen) -> bool:
+    """Whether a process of `proc`'s group still runs. Zombies do not count: a killed worker whose parent
+    died too waits for init to reap it, which a container's init may take seconds to do."""
     proc.poll()  # reap the leader, or it stays a zombie member of its own group
-    try:
-        os.killpg(proc.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    proc_fs = Path("/proc")
+    if not proc_fs.is_dir():  # no procfs (macOS): a signal 0 to the group, zombies included
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
         return True
-    return True
+    for entry in proc_fs.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        state, _ppid, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]  # after "pid (comm) "
+        if int(pgrp) == proc.pid and state != "Z":
+            return True
+    return False
 
 
 def _redact(url: str) -> str:

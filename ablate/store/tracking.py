@@ -3,7 +3,8 @@
 - Store: embedded by default, SQLite at `<workspace>/mlflow.db` with artifacts under
   `<workspace>/artifacts`; `--tracking-uri` (e.g. http://host:5000) switches to a server.
 - Experiment = recipe name (+ "-<scale>" unless the scale is `paper`), so scales never mix in one table.
-- Run name = variant (-size) -s<seed>; tags: recipe, variant, scale, seed, size, label, run key, code version.
+- Run name = variant (-size) -s<seed>; tags: recipe, variant, scale, seed, size (if any), label, run key,
+  code version.
 - A run is found again by its run key (a hash of its resolved config): resuming never creates a
   second MLflow run for the same RunSpec unless the first one finished and `fresh` is asked for.
 
@@ -122,10 +123,16 @@ def runs_page_url(ui_url: str, experiment_id: str) -> str:
 def sweep_runs_url(
     workspace: Path, tracking_uri: str | None, recipe: str, scale: str, ui_url: str = "http://127.0.0.1:5000"
 ) -> str | None:
-    """The runs page of a sweep's experiment (None when the store has no such experiment yet)."""
+    """The link that opens a sweep's runs as a comparison of its variants (ablate.store.comparison), its
+    view saved first; None when the store has no such experiment yet."""
+    from ablate.store import comparison
+
     client = client_for(workspace, tracking_uri)
     experiment = client.get_experiment_by_name(experiment_name(recipe, scale))
-    return None if experiment is None else runs_page_url(ui_url, experiment.experiment_id)
+    if experiment is None:
+        return None
+    comparison.save_view(client, experiment.experiment_id)
+    return comparison.view_url(ui_url, experiment.experiment_id)
 
 
 # Generated outputs that are tracked (committed reports): rewriting them is not a change of the code.
@@ -198,10 +205,11 @@ def run_tags(run, code: str, extra: dict[str, str] | None = None) -> dict[str, s
         TAG + "label": run.label,
         TAG + "scale": run.scale,
         TAG + "seed": str(run.seed),
-        TAG + "size": run.size or "",
         RUN_KEY: run.key,
         TAG + "code_version": code,
     }
+    if run.size:  # a recipe without sizes: no empty tag
+        tags[TAG + "size"] = run.size
     tags.update(extra or {})
     return tags
 
@@ -284,6 +292,22 @@ def log_text(client, run_id: str, text: str, name: str) -> None:
         path = Path(tmp) / name
         path.write_text(text)
         client.log_artifact(run_id, str(path))
+
+
+def log_json(client, run_id: str, data: dict[str, Any], name: str) -> None:
+    """`data` as a strict JSON artifact: a NaN or infinity (a diverged loss) is written as null, which
+    every JSON reader accepts, not as Python's `NaN`, which is not JSON."""
+    log_text(client, run_id, json.dumps(_finite_or_none(data), indent=2, allow_nan=False), name)
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v) for v in value]
+    return value
 
 
 def log_files(client, run_id: str, paths: list[Path], artifact_path: str | None = None) -> None:

@@ -413,7 +413,7 @@ def train_run(
 
 def _finish_in_mlflow(client: Any, run_id: str, result: TrainResult) -> None:
     summary = {**{k: v for k, v in asdict(result).items() if k != "history"}, "status": "finished"}
-    tracking.log_text(client, run_id, json.dumps(summary, indent=2), "final_metrics.json")
+    tracking.log_json(client, run_id, summary, "final_metrics.json")
     client.set_terminated(run_id, status="FINISHED")
 
 

@@ -362,3 +362,15 @@ def test_bench_flags_follow_run_benchs_keyword_arguments(monkeypatch):
     assert "echo" not in values  # the library's own arguments stay off the command line
     _, values, _, _ = parse_args(["bench"])
     assert (values["device"], values["precision"], values["recipe"]) == ("cpu", None, "recipes/table6.yaml")
+
+
+def test_a_warmup_as_long_as_the_run_is_noted_once(capsys):
+    code, out, err = run_cli(capsys, "check", TABLE6, "--scale", "tiny", "--base.train.steps", "5")
+    assert code == 0, err
+    notes = [line for line in out.splitlines() if "warmup_steps" in line]
+    assert notes == [
+        "train.warmup_steps 10 >= train.steps 5: the learning rate rises for the whole run and never "
+        "reaches train.lr 0.003 (lower train.warmup_steps too)"
+    ]
+    code, out, err = run_cli(capsys, "check", TABLE6, "--scale", "tiny")
+    assert code == 0 and "warmup_steps" not in out

@@ -646,3 +646,33 @@ def test_search_spec_mistakes_are_one_line(tmp_path, text, fragment):
 
     with pytest.raises(UserError, match=re.escape(fragment)):
         load_search_spec(write(tmp_path, text, "spec.yaml"))
+
+
+def test_rows_sharing_a_label_are_told_apart_by_their_variant_key():
+    """Table 6's two "Transformer" rows: their runs (the `ablate.label` tag, tables, legends) carry the key."""
+    runs = load_recipe(TABLE6, scale="tiny").runs
+    labels = {run.variant: run.label for run in runs}
+    assert labels["transformer"] == "Transformer [transformer]"
+    assert labels["transformer_d256"] == "Transformer [transformer_d256]"
+    assert labels["diff"] == "Diff Transformer"  # a unique label stays as written
+    assert len(set(labels.values())) == len(labels)
+
+
+def test_a_wrong_base_override_names_the_flag_not_a_variant(capsys):
+    code, out, err = run_cli(capsys, "check", TABLE6, "--scale", "tiny", "--base.train.lr", "abc")
+    assert_one_line_error(code, err, "--base.train.lr: expected float, got 'abc'")
+    assert "(in variants" not in err
+
+
+def test_version_and_whole_verb_summaries(capsys):
+    from ablate import __version__
+    from ablate.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"ablate {__version__}"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listing = " ".join(capsys.readouterr().out.split())
+    assert "with budgets, the longest run and a cooldown branch per smaller budget." in listing

@@ -13,9 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from mini_project import write_recipe
+import pytest
 
-from ablate.cli import main
 from ablate.store import tracking
 from ablate.train.launch import free_port
 
@@ -82,40 +81,28 @@ def _get(url: str, data: dict | None = None) -> str:
 
 
 def _sigterm_stops_everything(proc: subprocess.Popen, port: int) -> None:
+    _signal_stops_everything(proc, port, signal.SIGTERM, within=60)
+
+
+def _signal_stops_everything(proc: subprocess.Popen, port: int, signum: int, within: float) -> None:
+    """`signum` to the ablate process only (as `kill PID` does; Ctrl-C's SIGINT reaches only ablate too,
+    MLflow runs in a session of its own): within `within` seconds it has exited 0, every process below it
+    is gone and the port is free. The clock is a hang guard: the test waits for those events."""
     children = _descendants(proc.pid)
     assert children, "the MLflow server runs in child processes; none found"
-    proc.send_signal(signal.SIGTERM)  # to the ablate process only, as `kill PID` does
-    assert proc.wait(timeout=60) == 0
-    deadline = time.time() + 10  # orphans reparented to init are reaped asynchronously
-    while time.time() < deadline and any(_alive(pid) for pid in children):
-        time.sleep(0.2)
+    proc.send_signal(signum)
+    deadline = time.monotonic() + within
+    assert proc.wait(timeout=within) == 0
+    # orphans reparented to init are reaped asynchronously
+    while time.monotonic() < deadline and (any(_alive(pid) for pid in children) or not _port_free(port)):
+        time.sleep(0.05)
     survivors = [pid for pid in children if _alive(pid)]
-    assert not survivors, f"left running after SIGTERM: {survivors}"
-    assert _port_free(port)
+    assert not survivors, f"left running {within} s after {signal.Signals(signum).name}: {survivors}"
+    assert _port_free(port), f"port {port} still bound {within} s after {signal.Signals(signum).name}"
 
 
-def test_ui_opens_on_a_finished_sweeps_runs_and_sigterm_stops_its_workers(tmp_path):
-    workspace = tmp_path / "ws"
-    recipe = write_recipe(tmp_path)
-    assert (
-        main(
-            ["sweep", str(recipe), "--yes", "--workspace", str(workspace), "--reports", str(tmp_path / "rep")]
-        )
-        == 0
-    )
-    client = tracking.client_for(workspace, None)
-    experiment = client.get_experiment_by_name("mini")
-    finished = {
-        r.info.run_id
-        for r in client.search_runs([experiment.experiment_id])
-        if r.data.tags.get("ablate.role") != "sweep" and r.info.status == "FINISHED"
-    }
-    assert len(finished) == 2
-    # MLflow 3 opens an experiment as a training experiment only with this tag
-    assert experiment.tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
-
-    port = free_port()
-    proc = subprocess.Popen(
+def _start_ui(workspace: Path, port: int) -> subprocess.Popen:
+    return subprocess.Popen(
         [sys.executable, "-m", "ablate.cli", "ui", "--workspace", str(workspace), "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -123,24 +110,78 @@ def test_ui_opens_on_a_finished_sweeps_runs_and_sigterm_stops_its_workers(tmp_pa
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         start_new_session=True,
     )
+
+
+@pytest.mark.slow
+def test_ui_prints_one_link_the_comparison_of_a_finished_sweep(finished_sweep):
+    client = tracking.client_for(finished_sweep, None)
+    experiment = client.get_experiment_by_name("mini")
+    finished = {
+        r.info.run_id
+        for r in client.search_runs([experiment.experiment_id])
+        if r.data.tags.get("ablate.role") != "sweep" and r.info.status == "FINISHED"
+    }
+    assert len(finished) == 4
+    # MLflow 3 opens an experiment as a training experiment only with this tag
+    assert experiment.tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
+
+    port = free_port()
+    proc = _start_ui(finished_sweep, port)
     try:
-        first_line = proc.stdout.readline()
-        assert f"http://127.0.0.1:{port}" in first_line
-        match, _ = _read_until(proc, r"runs of mini: (\S+)")
+        match, seen = _read_until(proc, r"MLflow UI: (\S+)")
         url = match.group(1)
-        assert url == f"http://127.0.0.1:{port}/#/experiments/{experiment.experiment_id}/runs"
+        assert url == (
+            f"http://127.0.0.1:{port}/#/experiments/{experiment.experiment_id}/runs"
+            "?workflowType=machine_learning&viewStateShareKey=ablate-comparison"
+        )
+        assert seen.count("http://") == 1, seen  # one link, printed once the server answers
         base, route = url.split("/#", 1)
         assert "<html" in _get(base + "/").lower()  # the single-page app that routes `route`
-        # The page's own request: the runs of the experiment the URL names, all of the sweep's finished runs.
-        experiment_id = route.split("/")[2]
+        # The view the link names, as the page reads it: the experiment's tag, served by this server.
+        answer = json.loads(
+            _get(f"{base}/api/2.0/mlflow/experiments/get?experiment_id={experiment.experiment_id}")
+        )
+        tags = {t["key"]: t["value"] for t in answer["experiment"]["tags"]}
+        view = json.loads(tags["mlflow.sharedViewState.ablate-comparison"])
+        assert view["selectedColumns"][:3] == [
+            "metrics.`val/loss`",
+            "metrics.`val/ar_hit`",
+            "metrics.`val/others`",
+        ]
+        assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "ablate.variant"}]
+        assert set(view["groupsExpanded"]) == {"tag.ablate.variant.transformer", "tag.ablate.variant.diff"}
+        assert [c["metricKey"] for c in view["compareRunCharts"]][:3] == [
+            "val/loss",
+            "val/ar_hit",
+            "val/others",
+        ]
+        # The runs that view's filter selects: every finished trial, not the sweep's parent run.
         answer = json.loads(
             _get(
-                f"{base}/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment_id], "max_results": 100}
+                f"{base}/api/2.0/mlflow/runs/search",
+                {
+                    "experiment_ids": [experiment.experiment_id],
+                    "filter": view["searchFilter"],
+                    "max_results": 100,
+                },
             )
         )
-        served = {r["info"]["run_id"] for r in answer["runs"] if r["info"]["status"] == "FINISHED"}
-        assert finished <= served
+        assert {r["info"]["run_id"] for r in answer["runs"]} == finished
         _sigterm_stops_everything(proc, port)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ui_is_gone_with_its_children_and_port_within_5_s_of_a_signal(tmp_path, signum):
+    port = free_port()
+    proc = _start_ui(tmp_path / "ws", port)
+    try:
+        _read_until(proc, r"MLflow UI: ")
+        _signal_stops_everything(proc, port, signum, within=5)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -164,7 +205,7 @@ def test_ui_tags_experiments_of_older_stores_as_training(tmp_path):
         start_new_session=True,
     )
     try:
-        _read_until(proc, r"runs of made-before-the-tag: ")
+        _read_until(proc, r"MLflow UI: ")
         assert client.get_experiment(old).tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
         assert client.get_experiment(chosen).tags[tracking.EXPERIMENT_KIND_TAG] == "finetuning"
     finally:
