@@ -194,6 +194,8 @@ def sweep(
     allow_unmatched: bool = False,
     no_train: bool = False,
     grace_period: float = 60.0,
+    launcher: Literal["local", "slurm"] | None = None,
+    wait: bool = False,
     *,
     overrides: list | None = None,
     **options: Any,
@@ -208,6 +210,9 @@ def sweep(
         allow_unmatched: train variants beyond the FLOPs tolerance
         no_train: only enqueue the trials and create the MLflow parent run; `ablate worker`s train them
         grace_period: seconds without heartbeat after which a trial's worker counts as dead
+        launcher: where the workers run: local (this machine) or slurm (a job array of --workers tasks;
+            options in the recipe's launcher.slurm, e.g. --launcher.slurm.partition gpu); default: the recipe's
+        wait: with --launcher slurm, wait for the jobs (printing progress), then report
     """
     from ablate.recipe.check import run_check
     from ablate.sweep.run import run_sweep
@@ -216,6 +221,7 @@ def sweep(
     ctx = _sweep_context(recipe, opts, search, grace_period, overrides)
     if workers < 1:
         raise UserError(f"--workers: expected a positive number, got {workers}")
+    submit = _slurm_launch(ctx, launcher, workers, wait, overrides)
     checked = run_check(ctx.recipe, ctx.scale, allow_unmatched=allow_unmatched)
     print(
         checked.split("\n\n", 1)[-1]
@@ -227,6 +233,7 @@ def sweep(
         reports=Path(opts.reports),
         overrides_argv=_override_argv(overrides or []),
         train=not no_train,
+        submit=submit,
     )
     if folder is not None:
         from ablate.store.tracking import sweep_runs_url
@@ -243,6 +250,8 @@ def worker(
     recipe: str,
     search: str | None = None,
     grace_period: float = 60.0,
+    launcher: Literal["local", "slurm"] | None = None,
+    workers: int = 1,
     *,
     overrides: list | None = None,
     **options: Any,
@@ -253,11 +262,19 @@ def worker(
         recipe: recipe YAML file of the sweep
         search: search spec of the sweep
         grace_period: seconds without heartbeat after which a trial's worker counts as dead
+        launcher: local (this process) or slurm (submit --workers worker jobs); default: the recipe's
+        workers: with --launcher slurm, worker jobs to submit
     """
     from ablate.sweep.run import open_study, work
 
     ctx = _sweep_context(recipe, Shared(**options), search, grace_period, overrides)
+    if workers < 1:
+        raise UserError(f"--workers: expected a positive number, got {workers}")
+    submit = _slurm_launch(ctx, launcher, workers, False, overrides)
     study, store = open_study(ctx, create=False)
+    if submit is not None:
+        submit(study)
+        return 0
     trained = work(ctx, study, store)
     print(f"[worker] trained {trained} trials; no waiting trials left", flush=True)
     return 0
@@ -580,6 +597,18 @@ def _sweep_context(
         search_path=search,
         grace_period=grace_period,
     )
+
+
+def _slurm_launch(ctx, launcher: str | None, workers: int, wait: bool, overrides: list | None):
+    """`--launcher slurm`: Slurm and the stores checked now, before anything is enqueued; returns what
+    submits the worker jobs (ablate.sweep.slurm), or None for local workers."""
+    if (launcher or ctx.recipe.file.launcher.name) != "slurm":
+        if wait:
+            raise UserError("--wait: waits for Slurm jobs; use it with --launcher slurm")
+        return None
+    from ablate.sweep.slurm import launch
+
+    return launch(ctx, workers, ctx.recipe.file.launcher.slurm, main, _override_argv(overrides or []), wait)
 
 
 def _override_argv(overrides: list) -> list[str]:
