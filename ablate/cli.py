@@ -265,7 +265,9 @@ def worker(
         launcher: local (this process) or slurm (submit --workers worker jobs); default: the recipe's
         workers: with --launcher slurm, worker jobs to submit
     """
-    from ablate.sweep.run import open_study, work
+    import socket
+
+    from ablate.sweep.run import open_study, work, worker_placement
 
     ctx = _sweep_context(recipe, Shared(**options), search, grace_period, overrides)
     if workers < 1:
@@ -275,8 +277,34 @@ def worker(
     if submit is not None:
         submit(study)
         return 0
+    placed = "".join(f", {k} {v}" for k, v in worker_placement().items())
+    print(f"[worker] on {socket.gethostname()}{placed}", flush=True)
     trained = work(ctx, study, store)
     print(f"[worker] trained {trained} trials; no waiting trials left", flush=True)
+    return 0
+
+
+@shared("scale", "seeds", "workspace", "tracking_uri", "storage")
+def status(
+    recipe: str,
+    search: str | None = None,
+    grace_period: float = 60.0,
+    *,
+    overrides: list | None = None,
+    **options: Any,
+) -> int:
+    """How far a sweep is: trials finished / running (host, Slurm job) / waiting / failed, tokens, ETA.
+
+    Args:
+        recipe: recipe YAML file of the sweep
+        search: search spec of the sweep
+        grace_period: seconds without heartbeat after which a trial's worker counts as dead
+    """
+    from ablate.store.study import load_finished_study
+    from ablate.sweep.status import status_report
+
+    ctx = _sweep_context(recipe, Shared(**options), search, grace_period, overrides)
+    print(status_report(ctx, load_finished_study(ctx, "ablate status")))
     return 0
 
 
@@ -533,6 +561,7 @@ VERBS: dict[str, Callable[..., int]] = {
     "train": train,
     "sweep": sweep,
     "worker": worker,
+    "status": status,
     "report": report,
     "fit": fit,
     "bench": bench,
@@ -606,9 +635,12 @@ def _slurm_launch(ctx, launcher: str | None, workers: int, wait: bool, overrides
         if wait:
             raise UserError("--wait: waits for Slurm jobs; use it with --launcher slurm")
         return None
+    from ablate.cli import main as cli_main  # this module by name, not `__main__`: pickled by reference
     from ablate.sweep.slurm import launch
 
-    return launch(ctx, workers, ctx.recipe.file.launcher.slurm, main, _override_argv(overrides or []), wait)
+    return launch(
+        ctx, workers, ctx.recipe.file.launcher.slurm, cli_main, _override_argv(overrides or []), wait
+    )
 
 
 def _override_argv(overrides: list) -> list[str]:

@@ -57,18 +57,29 @@ def stop_if_warned() -> None:
 
 
 class CheckpointOnWarning(L.Callback):
-    """After each optimizer step: if warned, save the resume checkpoint at this step and raise `Preempted`."""
+    """If warned: after the optimizer step, save the resume checkpoint at that step; then, before the next
+    batch trains (the module has logged the step by then: its hooks run after the callbacks'), raise
+    `Preempted`. A warning at the last step lets the run finish instead."""
 
     def __init__(self, on_save: Any = None):
-        self.on_save = on_save  # called with the step, before raising (the trial records it)
+        self.on_save = on_save  # called with the step, once saved (the trial records it)
+        self.saved_at: int | None = None
 
     def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, batch_idx: int):
-        if not _warned.is_set() or (batch_idx + 1) % trainer.accumulate_grad_batches:
-            return  # not warned, or inside an accumulation: the step is not done yet
+        if (
+            not _warned.is_set()
+            or self.saved_at is not None
+            or (batch_idx + 1) % trainer.accumulate_grad_batches
+        ):
+            return  # not warned, saved already, or inside an accumulation: the step is not done yet
         folder = Path(trainer.checkpoint_callback.dirpath)
         partial = folder / "last.ckpt.partial"
         trainer.save_checkpoint(partial, weights_only=False)
         partial.replace(folder / "last.ckpt")  # atomic: a kill now leaves the old or the new, whole
+        self.saved_at = trainer.global_step
         if self.on_save is not None:
-            self.on_save(trainer.global_step)
-        raise Preempted(trainer.global_step)
+            self.on_save(self.saved_at)
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: Any, batch: Any, batch_idx: int):
+        if self.saved_at is not None:
+            raise Preempted(self.saved_at)
