@@ -62,7 +62,7 @@ def status_report(ctx: SweepContext, study: Any, now: float | None = None) -> st
             rows.append(
                 [
                     t.number,
-                    attrs.get("run_name", trial_plan(t).get("variant", "")),
+                    ctx.run_for_plan(trial_plan(t)).name,
                     attrs.get("worker_host", "?"),
                     attrs.get("slurm_job", "-"),
                     attrs.get("devices", "-"),
