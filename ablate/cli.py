@@ -273,6 +273,11 @@ def worker(
     if workers < 1:
         raise UserError(f"--workers: expected a positive number, got {workers}")
     submit = _slurm_launch(ctx, launcher, workers, False, overrides)
+    if submit is None and workers != 1:
+        raise UserError(
+            "--workers: a local `ablate worker` is one process; start more, use `ablate sweep --workers N`, "
+            "or --launcher slurm to submit N worker jobs"
+        )
     study, store = open_study(ctx, create=False)
     if submit is not None:
         submit(study)

@@ -46,6 +46,14 @@ def arm() -> None:
     _armed = True
 
 
+def disarm() -> None:
+    """The warning signal's default action again (it ends the process), the flag cleared."""
+    global _armed
+    signal.signal(WARNING_SIGNAL, signal.SIG_DFL)
+    _warned.clear()
+    _armed = False
+
+
 def armed() -> bool:
     return _armed
 
@@ -64,6 +72,9 @@ class CheckpointOnWarning(L.Callback):
     def __init__(self, on_save: Any = None):
         self.on_save = on_save  # called with the step, once saved (the trial records it)
         self.saved_at: int | None = None
+
+    def on_train_start(self, trainer: L.Trainer, module: Any) -> None:
+        self.saved_at = None  # each fit of the trial (a budget's branch too) saves its own checkpoint
 
     def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, batch_idx: int):
         if (
