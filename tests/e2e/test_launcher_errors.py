@@ -3,6 +3,7 @@ sweep with a trial running in a Slurm task."""
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import optuna
@@ -16,6 +17,7 @@ from ablate.recipe.resolve import load_recipe
 from ablate.store.study import SweepContext, storage_for
 from ablate.sweep.run import trial_id
 from ablate.sweep.slurm import check_cluster_stores
+from ablate.train.launch import free_port
 
 
 def test_a_slurm_sweep_without_slurm_says_so_in_one_line_and_enqueues_nothing(tmp_path, monkeypatch, capsys):
@@ -87,3 +89,20 @@ def test_status_shows_finished_running_and_waiting_trials_and_where_they_run(tmp
         "41_1",
         "-",
     ]
+
+
+def test_a_slurm_sweep_whose_controller_is_down_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    if shutil.which("sinfo") is None:
+        pytest.skip("Slurm's sinfo missing: apt-get install slurm-wlm")
+    conf = tmp_path / "slurm.conf"  # a controller on a port where none listens
+    conf.write_text(
+        f"ClusterName=down\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort={free_port()}\n"
+        "MessageTimeout=2\nNodeName=localhost CPUs=1\nPartitionName=debug Nodes=ALL Default=YES\n"
+    )
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    workspace = tmp_path / "ws"
+    code = main(["sweep", str(write_recipe(tmp_path)), "--launcher", "slurm", "--workspace", str(workspace)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("ablate: error: --launcher: slurm: the Slurm controller does not answer (sinfo: ")
+    assert not (workspace / "optuna.journal").exists()
