@@ -69,6 +69,20 @@ def check_slurm(options: SlurmOptions) -> int:
     return len(nodes)
 
 
+def sbatch_extras(options: SlurmOptions) -> dict[str, Any]:
+    """`sbatch_lines` (`key=value`, or a bare `key` for a flag) as submitit's additional parameters."""
+    extra: dict[str, Any] = {}
+    for line in options.sbatch_lines:
+        key, eq, value = line.partition("=")
+        if not key.strip() or key.strip().startswith("-"):
+            raise UserError(
+                f"launcher.slurm.sbatch_lines: {line!r} is not key=value; write sbatch's long option without "
+                "its dashes (constraint=a100, exclusive)"
+            )
+        extra[key.strip().replace("-", "_")] = value.strip() if eq and value.strip() else True
+    return extra
+
+
 def check_cluster_stores(ctx: SweepContext, nodes: int) -> None:
     """Stores that workers on several nodes cannot share are refused before anything is submitted."""
     if nodes < 2:
@@ -96,12 +110,7 @@ def submit_workers(
 
     folder = Path(ctx.workspace).resolve() / "slurm"
     executor = submitit.SlurmExecutor(folder=folder / "%A", max_num_timeout=1000)
-    extra: dict[str, Any] = {}
-    for line in options.sbatch_lines:
-        key, eq, value = line.partition("=")
-        if not key.strip():
-            raise UserError(f"launcher.slurm.sbatch_lines: {line!r} is not key=value (e.g. constraint=a100)")
-        extra[key.strip().replace("-", "_")] = value.strip() if eq and value.strip() else True
+    extra = sbatch_extras(options)
     parameters: dict[str, Any] = dict(
         job_name=f"ablate-{ctx.study_name}",
         time=options.time_min,
@@ -170,6 +179,7 @@ def launch(
 ) -> Callable[[Any], bool]:
     """Check Slurm and the stores now; return what submits the worker array for a study (and, with
     `wait`, waits for its trials: True when they all finished, for the caller to report)."""
+    sbatch_extras(options)  # a malformed line is refused now, before anything is enqueued
     check_cluster_stores(ctx, check_slurm(options))
 
     def submit(study: Any) -> bool:

@@ -42,6 +42,12 @@ def test_the_recipe_launcher_section_is_typed_and_set_from_the_command_line(tmp_
     assert (
         err == "ablate: error: launcher.slurm.gpus_per_worker: expected a non-negative integer, got -1 (int)"
     )
+    workspace = tmp_path / "ws"
+    args = ["sweep", str(recipe), "--launcher", "slurm", "--workspace", str(workspace)]
+    assert main([*args, "--launcher.slurm.sbatch_lines", '["--exclusive"]']) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ablate: error: launcher.slurm.sbatch_lines: '--exclusive' is not key=value; write")
+    assert not (workspace / "optuna.journal").exists()
 
 
 def test_workers_on_several_nodes_are_refused_a_sqlite_store(tmp_path):
