@@ -503,7 +503,7 @@ def load_recipe(
                     f"--{dotted}: unknown recipe key {top!r}{closest(top, TOP_KEYS)}; "
                     f"keys: {', '.join(TOP_KEYS)}"
                 )
-            if dotted.startswith("launcher."):  # a section a recipe may leave out: made, so its keys can be set
+            if dotted.startswith("launcher."):  # an optional section: made, so its keys can be set
                 raw.setdefault("launcher", {}).setdefault("slurm", {})
             if "." in dotted:
                 set_dotted(raw, dotted, value, key=f"--{dotted}")
@@ -646,6 +646,8 @@ def resolved_recipe(recipe: Recipe, scale: str | None = None) -> dict[str, Any]:
     )
     if sizes:
         out["sizes"] = sizes
+    if raw.get("launcher"):  # where the workers run: kept as resolved (ablate.core.launcher)
+        out["launcher"] = dataclasses.asdict(recipe.file.launcher)
     if scale != "paper":
         out["scales"] = {scale: {}}
     return out
