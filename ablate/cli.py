@@ -195,6 +195,8 @@ def sweep(
     no_train: bool = False,
     grace_period: float = 60.0,
     final: bool = False,
+    launcher: Literal["local", "slurm"] | None = None,
+    wait: bool = False,
     *,
     overrides: list | None = None,
     **options: Any,
@@ -210,6 +212,9 @@ def sweep(
         no_train: only enqueue the trials and create the MLflow parent run; `ablate worker`s train them
         grace_period: seconds without heartbeat after which a trial's worker counts as dead
         final: the study is final: delete the stable-phase checkpoints kept to extend its budgets
+        launcher: where the workers run: local (this machine) or slurm (a job array of --workers tasks;
+            options in the recipe's launcher.slurm, e.g. --launcher.slurm.partition gpu); default: the recipe's
+        wait: with --launcher slurm, wait for the jobs (printing progress), then report
     """
     from ablate.recipe.check import run_check
     from ablate.sweep.run import run_sweep
@@ -218,6 +223,7 @@ def sweep(
     ctx = _sweep_context(recipe, opts, search, grace_period, overrides)
     if workers < 1:
         raise UserError(f"--workers: expected a positive number, got {workers}")
+    submit = _slurm_launch(ctx, launcher, workers, wait, overrides)
     checked = run_check(ctx.recipe, ctx.scale, allow_unmatched=allow_unmatched)
     print(
         checked.split("\n\n", 1)[-1]
@@ -230,6 +236,7 @@ def sweep(
         overrides_argv=_override_argv(overrides or []),
         train=not no_train,
         final=final,
+        submit=submit,
     )
     if folder is not None:
         print(f"report: {folder}/table.md (and table.csv, loss_curves.png)")
@@ -252,6 +259,8 @@ def worker(
     recipe: str,
     search: str | None = None,
     grace_period: float = 60.0,
+    launcher: Literal["local", "slurm"] | None = None,
+    workers: int = 1,
     *,
     overrides: list | None = None,
     **options: Any,
@@ -262,13 +271,54 @@ def worker(
         recipe: recipe YAML file of the sweep
         search: search spec of the sweep
         grace_period: seconds without heartbeat after which a trial's worker counts as dead
+        launcher: local (this process) or slurm (submit --workers worker jobs); default: the recipe's
+        workers: with --launcher slurm, worker jobs to submit
     """
-    from ablate.sweep.run import open_study, work
+    import socket
+
+    from ablate.sweep.run import open_study, work, worker_placement
 
     ctx = _sweep_context(recipe, Shared(**options), search, grace_period, overrides)
+    if workers < 1:
+        raise UserError(f"--workers: expected a positive number, got {workers}")
+    submit = _slurm_launch(ctx, launcher, workers, False, overrides)
+    if submit is None and workers != 1:
+        raise UserError(
+            "--workers: a local `ablate worker` is one process; start more, use `ablate sweep --workers N`, "
+            "or --launcher slurm to submit N worker jobs"
+        )
     study, store = open_study(ctx, create=False)
+    if submit is not None:
+        submit(study)
+        return 0
+    placed = "".join(f", {k} {v}" for k, v in worker_placement().items())
+    print(f"[worker] on {socket.gethostname()}{placed}", flush=True)
     trained = work(ctx, study, store)
     print(f"[worker] trained {trained} trials; no waiting trials left", flush=True)
+    return 0
+
+
+@shared("scale", "seeds", "workspace", "tracking_uri", "storage")
+def status(
+    recipe: str,
+    search: str | None = None,
+    grace_period: float = 60.0,
+    *,
+    overrides: list | None = None,
+    **options: Any,
+) -> int:
+    """How far a sweep is: trials finished / running (host, Slurm job) / waiting / failed, tokens, ETA.
+
+    Args:
+        recipe: recipe YAML file of the sweep
+        search: search spec of the sweep
+        grace_period: seconds without heartbeat after which a trial's worker counts as dead
+    """
+    from ablate.store.study import load_finished_study
+    from ablate.sweep.status import status_report
+
+    ctx = _sweep_context(recipe, Shared(**options), search, grace_period, overrides)
+    print(status_report(ctx, load_finished_study(ctx, "ablate status")))
     return 0
 
 
@@ -527,6 +577,7 @@ VERBS: dict[str, Callable[..., int]] = {
     "train": train,
     "sweep": sweep,
     "worker": worker,
+    "status": status,
     "report": report,
     "fit": fit,
     "bench": bench,
@@ -590,6 +641,21 @@ def _sweep_context(
         search=load_search_spec(search) if search else SearchSpec(),
         search_path=search,
         grace_period=grace_period,
+    )
+
+
+def _slurm_launch(ctx, launcher: str | None, workers: int, wait: bool, overrides: list | None):
+    """`--launcher slurm`: Slurm and the stores checked now, before anything is enqueued; returns what
+    submits the worker jobs (ablate.sweep.slurm), or None for local workers."""
+    if (launcher or ctx.recipe.file.launcher.name) != "slurm":
+        if wait:
+            raise UserError("--wait: waits for Slurm jobs; use it with --launcher slurm")
+        return None
+    from ablate.cli import main as cli_main  # this module by name, not `__main__`: pickled by reference
+    from ablate.sweep.slurm import launch
+
+    return launch(
+        ctx, workers, ctx.recipe.file.launcher.slurm, cli_main, _override_argv(overrides or []), wait
     )
 
 

@@ -58,6 +58,7 @@ from ablate.core.config import (
     set_dotted,
 )
 from ablate.core.errors import UserError, closest
+from ablate.core.launcher import LauncherConfig
 from ablate.data.config import DataConfig, parse_data_config
 from ablate.data.task_batches import build_task, check_fits
 from ablate.data.tokenizers import vocab_size_of
@@ -167,6 +168,7 @@ class RecipeFile:
         budgets: token budgets every row is trained to from one run (ablate.recipe.budgets)
         scales: presets (paper, small, tiny, ...): overlays on base that change sizes only
         eval: the probes run on finished checkpoints
+        launcher: where a sweep's workers run (local, slurm) and the Slurm options (ablate.core.launcher)
         paper_reference: where in the paper the study comes from
     """
 
@@ -182,6 +184,7 @@ class RecipeFile:
     budgets: Budgets | None = None
     scales: dict[str, ScaleOverlay] | None = None
     eval: EvalConfig = field(default_factory=EvalConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
     paper_reference: dict[str, Any] | None = None
 
 
@@ -502,6 +505,8 @@ def load_recipe(
                     f"--{dotted}: unknown recipe key {top!r}{closest(top, TOP_KEYS)}; "
                     f"keys: {', '.join(TOP_KEYS)}"
                 )
+            if dotted.startswith("launcher."):  # an optional section: made, so its keys can be set
+                raw.setdefault("launcher", {}).setdefault("slurm", {})
             if "." in dotted:
                 set_dotted(raw, dotted, value, key=f"--{dotted}")
             else:
@@ -643,6 +648,8 @@ def resolved_recipe(recipe: Recipe, scale: str | None = None) -> dict[str, Any]:
     )
     if sizes:
         out["sizes"] = sizes
+    if raw.get("launcher"):  # where the workers run: kept as resolved (ablate.core.launcher)
+        out["launcher"] = dataclasses.asdict(recipe.file.launcher)
     if scale != "paper":
         out["scales"] = {scale: {}}
     return out

@@ -109,16 +109,20 @@ def command_line() -> str:
 
 
 def storage_for(url: str | None, workspace: Path):
-    """An Optuna storage: the journal file in the workspace by default, `journal:PATH`, or an RDB URL."""
+    """An Optuna storage: the journal file in the workspace by default, `journal:PATH` (a shared filesystem
+    for workers on several nodes), or an RDB URL."""
     import optuna
-    from optuna.storages.journal import JournalFileBackend
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
     if url is None or url.startswith("journal:"):
         path = (
             Path(url[len("journal:") :]) if url else tracking.ensure_workspace(workspace) / "optuna.journal"
         )
         path.parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+        # The O_EXCL lock file Optuna recommends on NFSv3+, so workers on several nodes of a shared
+        # filesystem take turns (it excludes the default symlink lock too: both are `<path>.lock`).
+        lock = JournalFileOpenLock(str(path))
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
     if "://" not in url:
         raise UserError(
             f"--storage: {url!r} is not a URL; use postgresql://user@host/db, sqlite:///file.db "

@@ -41,6 +41,7 @@ from ablate.store.study import (  # noqa: F401 (SweepContext, report_folder... a
     storage_for,
     trial_plan,
 )
+from ablate.sweep import preemption
 
 HEARTBEAT_SECONDS = 5.0
 
@@ -153,6 +154,8 @@ class Heartbeat:
         self._stop = threading.Event()
         trial.set_user_attr("worker_host", socket.gethostname())
         trial.set_user_attr("worker_pid", os.getpid())
+        for attr, value in worker_placement().items():  # `ablate status` shows where a trial runs
+            trial.set_user_attr(attr, value)
         trial.set_user_attr("heartbeat", time.time())
         self._thread = threading.Thread(target=self._beat, daemon=True)
         self._thread.start()
@@ -167,6 +170,16 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def worker_placement() -> dict[str, str]:
+    """This worker's Slurm job (array job_task, as squeue names it) and devices, where there are any."""
+    env = os.environ
+    job = env.get("SLURM_JOB_ID")
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        job = f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    found = {"slurm_job": job, "devices": env.get("CUDA_VISIBLE_DEVICES")}
+    return {k: v for k, v in found.items() if v}
 
 
 # --- the worker loop -------------------------------------------------------------------------------------
@@ -210,6 +223,7 @@ def work(ctx: SweepContext, study: Any, storage: Any, workers: int = 1) -> int:
     trained = 0
     parent = parent_run_id(ctx, study)
     while True:
+        preemption.stop_if_warned()  # a warned worker (ablate.sweep.preemption) takes no new trial
         trial = claim_waiting(study, storage)
         if trial is None:
             if recover_stale(study, storage, ctx.grace_period):
@@ -250,6 +264,10 @@ def run_trial(ctx: SweepContext, study: Any, storage: Any, trial: Any, parent: s
             trial.set_user_attr(key, value)
         _print_progress(ctx, study, run, workers, sampled)
         callbacks = [PruningCallback(trial)] if ctx.search.pruner.get("name", "none") != "none" else []
+        if preemption.armed():
+            callbacks.append(
+                preemption.CheckpointOnWarning(lambda step: trial.set_user_attr("preempted_at", step))
+            )
 
         def record_budget(budget_run: RunSpec, budget_result: Any) -> None:  # each budget's run, as it ends
             if run.budgets:
@@ -280,9 +298,10 @@ def run_trial(ctx: SweepContext, study: Any, storage: Any, trial: Any, parent: s
         return
     except BaseException as e:  # a user error, Ctrl-C or a bug: hand the trial back for the next attempt
         heartbeat.stop()
-        fail_and_requeue(
-            study, storage, study.get_trials(deepcopy=False)[trial.number], f"interrupted: {type(e).__name__}"
+        reason = (
+            f"preempted: {e}" if isinstance(e, preemption.Preempted) else f"interrupted: {type(e).__name__}"
         )
+        fail_and_requeue(study, storage, study.get_trials(deepcopy=False)[trial.number], reason)
         raise
     if ctx.recipe.eval(run.scale).after_trial:  # the recipe's eval: probes each run as its trial ends
         from ablate.probes.run import probe_after_trial
@@ -320,33 +339,59 @@ def spawn_workers(ctx: SweepContext, n: int, overrides_argv: list[str]) -> list[
     # cores under load: 2 threads per process ran ~4x slower than 1). A user's own setting is kept.
     env = {**os.environ}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    cmd = [sys.executable, "-m", "ablate.cli", *worker_argv(ctx, storage, overrides_argv)]
     procs = []
-    for i in range(n):
-        cmd = [
-            sys.executable,
-            "-m",
-            "ablate.cli",
-            "worker",
-            str(ctx.recipe.path),
-            "--scale",
-            ctx.scale,
-            "--storage",
-            storage,
-            "--workspace",
-            str(ctx.workspace),
-            "--seeds",
-            *map(str, ctx.seeds),
-        ]
-        if ctx.tracking_uri:
-            cmd += ["--tracking-uri", ctx.tracking_uri]
-        if ctx.search_path:
-            cmd += ["--search", ctx.search_path]
-        cmd += overrides_argv
+    for i, devices in enumerate(worker_devices(n, devices_per_run(ctx), visible_gpus())):
         log = open(logs / f"{ctx.study_name}-worker{i}.log", "ab")  # noqa: SIM115 (closed with the process)
+        own = env if devices is None else {**env, "CUDA_VISIBLE_DEVICES": devices}
         procs.append(
-            subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+            subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=own)
         )
     return procs
+
+
+def worker_argv(ctx: SweepContext, storage: str, overrides_argv: list[str]) -> list[str]:
+    """`ablate worker ...` arguments (after `ablate`) that join this sweep's study."""
+    argv = ["worker", str(ctx.recipe.path), "--scale", ctx.scale, "--storage", storage]
+    argv += ["--workspace", str(ctx.workspace), "--seeds", *map(str, ctx.seeds)]
+    if ctx.tracking_uri:
+        argv += ["--tracking-uri", ctx.tracking_uri]
+    if ctx.search_path:
+        argv += ["--search", ctx.search_path]
+    return argv + overrides_argv
+
+
+# --- a device per worker -----------------------------------------------------------------------------------
+def gpu_count() -> int:
+    """CUDA devices this process sees (0 without CUDA). The one place the sweep asks torch.cuda."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs workers may be given: the user's CUDA_VISIBLE_DEVICES entries, else 0..count-1."""
+    count = gpu_count()
+    given = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return given[:count] if given else [str(i) for i in range(count)]
+
+
+def devices_per_run(ctx: SweepContext) -> int:
+    """Devices a trial trains on (the most any run asks for: `train.devices`, several for DDP)."""
+    return max((run.train.devices for run in ctx.runs.values()), default=1)
+
+
+def worker_devices(workers: int, per_worker: int, gpus: list[str]) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES of each local worker: its own `per_worker` GPUs; None for all on a machine
+    without GPUs (the workers train on CPU cores). Too few GPUs for every worker is the user's to fix."""
+    if not gpus:
+        return [None] * workers
+    if workers * per_worker > len(gpus):
+        raise UserError(
+            f"--workers: {workers} workers x {per_worker} device(s) per trial need {workers * per_worker} "
+            f"GPUs, this machine has {len(gpus)}; use --workers {max(1, len(gpus) // per_worker)}"
+        )
+    return [",".join(gpus[i * per_worker : (i + 1) * per_worker]) for i in range(workers)]
 
 
 def wait_for_workers(ctx: SweepContext, study: Any, procs: list[subprocess.Popen]) -> None:
@@ -422,13 +467,15 @@ def run_sweep(
     overrides_argv: list[str] | None = None,
     train: bool = True,
     final: bool = False,
+    submit: Any = None,
 ) -> Path | None:
     """Plan, enqueue, train (here or in `workers` local processes), then report. Returns the report folder.
 
     With `train=False` it only enqueues the trials and creates the MLflow parent run: `ablate worker`s on
-    other machines train them, and `ablate report` writes the report afterwards. With budgets, it says
-    how large the kept stable-phase checkpoints are (an extension continues from them); `final` deletes
-    them once the study is complete.
+    other machines train them, and `ablate report` writes the report afterwards. `submit(study)` starts
+    workers elsewhere (`ablate.sweep.slurm.launch`): it returns True once they finished every trial. With
+    budgets, it says how large the kept stable-phase checkpoints are (an extension continues from them);
+    `final` deletes them once the study is complete.
     """
     from ablate.sweep.extend import check_extension, enqueue_extensions
 
@@ -445,14 +492,17 @@ def run_sweep(
         if not study.user_attrs.get("command"):  # the report names the command that made the study
             study.set_user_attr("command", command_line())
         parent_run_id(ctx, study)  # creates the MLflow store here, before workers would race to create it
-        if not train:
+        if submit is not None:
+            if not submit(study):
+                return None
+        elif not train:
             print(
                 f"[sweep {ctx.study_name}] {len(pending)} trials enqueued; start `ablate worker` processes "
                 "on the training machines, then `ablate report`",
                 flush=True,
             )
             return None
-        if workers > 1:
+        elif workers > 1:
             procs = spawn_workers(ctx, workers, overrides_argv or [])
             wait_for_workers(ctx, study, procs)
         else:

@@ -123,8 +123,9 @@ def test_a_killed_budgeted_sweep_resumes_without_retraining_a_finished_budget(tm
     )
     runs = workspace / "runs" / "mini"
     longest = branch = None
-    deadline = time.time() + 240
-    while time.time() < deadline:  # the longest run has finished and the branch is training its cooldown
+    # Wait for the event, however long a busy machine takes to reach it (pytest's timeout is the hang
+    # guard): the longest run has finished and the branch is training its cooldown.
+    while True:
         done = [p for p in runs.glob("*/result.json")]
         if done:
             longest = done[0].parent

@@ -94,10 +94,7 @@ def test_prepare_killed_midway_finishes_with_the_shards_of_an_uninterrupted_run(
     proc = subprocess.Popen(
         command(out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )
-    deadline = time.monotonic() + 120
-    while (
-        not (out / "train" / "000003.json").exists() and proc.poll() is None and time.monotonic() < deadline
-    ):
+    while not (out / "train" / "000003.json").exists() and proc.poll() is None:  # pytest's timeout: hangs
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()

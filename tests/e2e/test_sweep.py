@@ -81,9 +81,7 @@ def test_sweep_trains_every_variant_reports_and_rerun_changes_nothing(tmp_path, 
     assert {t.user_attrs["mlflow_run_id"] for t in study.get_trials()} == {c.info.run_id for c in children}
 
     before = (report / "table.md").stat().st_mtime_ns
-    started = time.perf_counter()
-    assert main(_sweep_args(recipe, tmp_path)) == 0
-    assert time.perf_counter() - started < 15
+    assert main(_sweep_args(recipe, tmp_path)) == 0  # nothing retrained: the lines below, not a clock
     assert "nothing to do" in capsys.readouterr().out
     assert (report / "table.md").stat().st_mtime_ns == before
     assert len(_study(tmp_path / "ws").get_trials()) == 4
@@ -145,8 +143,7 @@ def test_sweep_killed_mid_trial_then_rerun_finishes_each_trial_once(tmp_path):
         args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     runs = tmp_path / "ws" / "runs"
-    deadline = time.time() + 240
-    while time.time() < deadline and not list(runs.glob("*/diff-*/checkpoints/last.ckpt")):
+    while not list(runs.glob("*/diff-*/checkpoints/last.ckpt")):  # the event; pytest's timeout guards hangs
         assert proc.poll() is None, "the sweep ended before it could be killed"
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)  # in the middle of the second trial, after a checkpoint

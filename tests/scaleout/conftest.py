@@ -15,6 +15,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -174,3 +175,114 @@ def mlflow_server(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) 
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         log.close()
+
+
+# --- a one-node Slurm cluster on loopback -------------------------------------------------------------------
+SLURM_BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "squeue")
+SLURM_CONF = """ClusterName=ablatetest
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={folder}/munge.socket
+StateSaveLocation={folder}/state
+SlurmdSpoolDir={folder}/spool
+SlurmctldPidFile={folder}/slurmctld.pid
+SlurmdPidFile={folder}/slurmd.pid
+SlurmctldLogFile={folder}/slurmctld.log
+SlurmdLogFile={folder}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+ReturnToService=2
+KillWait=5
+SchedulerParameters=sched_interval=1
+NodeName={host} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+@dataclass
+class Slurm:
+    folder: Path
+    conf: Path
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[Slurm]:
+    """munged, slurmctld and slurmd (Debian's munge and slurm-wlm) for one node on 127.0.0.1 with 2 CPUs,
+        no cgroups, every state file in a temporary folder; SLURM_CONF points this process (and the jobs it
+        submits) at it. The daemons run as this user: root, as CI runs (slurmd needs it to start jobs as
+    their users)."""
+    missing = [name for name in SLURM_BINARIES if shutil.which(name) is None]
+    if missing:
+        pytest.skip(f"Slurm binaries missing ({', '.join(missing)}): apt-get install slurm-wlm munge")
+    folder = Path(tempfile.mkdtemp(prefix="ablate-slurm-"))
+    for sub in ("state", "spool"):
+        (folder / sub).mkdir()
+    key = folder / "munge.key"
+    subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True)
+    key.chmod(0o600)
+    daemons: list[subprocess.Popen] = []
+    saved = os.environ.get("SLURM_CONF")
+    try:
+        daemons.append(
+            subprocess.Popen(
+                ["munged", "--foreground", "--force", f"--socket={folder}/munge.socket", f"--key-file={key}"]
+                + [f"--pid-file={folder}/munged.pid", f"--seed-file={folder}/munged.seed"],
+                stdout=open(folder / "munged.out", "w"),  # noqa: SIM115 (closed with the process)
+                stderr=subprocess.STDOUT,
+            )
+        )
+        conf = folder / "slurm.conf"
+        conf.write_text(
+            SLURM_CONF.format(
+                host=socket.gethostname(), folder=folder, ctld_port=free_port(), d_port=free_port()
+            )
+        )
+        os.environ["SLURM_CONF"] = str(conf)
+        for daemon in ("slurmctld", "slurmd"):
+            daemons.append(
+                subprocess.Popen(
+                    [daemon, "-D", "-f", str(conf)],
+                    stdout=open(folder / f"{daemon}.out", "w"),  # noqa: SIM115 (closed with the process)
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        while True:  # the node registers with the controller: an event, the test's timeout the hang guard
+            assert all(d.poll() is None for d in daemons), _slurm_logs(folder)
+            state = subprocess.run(["sinfo", "--noheader", "--format=%t"], capture_output=True, text=True)
+            if state.returncode == 0 and state.stdout.strip() == "idle":
+                break
+            time.sleep(0.5)
+        yield Slurm(folder=folder, conf=conf)
+    finally:
+        for daemon in reversed(daemons):
+            _stop(daemon)
+        if saved is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = saved
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _slurm_logs(folder: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(folder.glob("*.out")))

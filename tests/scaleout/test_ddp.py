@@ -94,15 +94,13 @@ def reference(tmp_path_factory) -> dict[str, object]:
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not list(workspace.glob("runs/*/*/checkpoints/last.ckpt")):
+        while not list(workspace.glob("runs/*/*/checkpoints/last.ckpt")):  # pytest's timeout guards hangs
             assert proc.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "no checkpoint within 120 s"
             time.sleep(0.05)
         out["rank1"] = _children_of(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)  # rank 0 only: rank 1 must notice and exit by itself
         proc.wait()
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 180  # a hang guard: rank 1 notices within seconds on an idle machine
         while any(_alive(pid) for pid in out["rank1"]) and time.monotonic() < deadline:
             time.sleep(0.2)
         out["rank1_outlived"] = [pid for pid in out["rank1"] if _alive(pid)]

@@ -167,10 +167,8 @@ def test_worker_killed_mid_trial_on_postgres_is_resumed_by_another(tmp_path, pos
     workspace = tmp_path / "ws"
     logs = [tmp_path / f"worker{i}.log" for i in range(3)]
     procs = [_start_worker(recipe, storage, mlflow_server.url, workspace, log) for log in logs]
-    deadline = time.monotonic() + 120
     victim = None
-    while victim is None:
-        assert time.monotonic() < deadline, "no trial reached a checkpoint within 120 s"
+    while victim is None:  # the event, however long a busy machine takes; pytest's timeout guards hangs
         for trial in _load_study(storage, experiment).get_trials(states=(TrialState.RUNNING,)):
             folder = f"{trial.user_attrs.get('run_name')}-{trial.user_attrs.get('run_key')}"
             if list(workspace.glob(f"runs/*/{folder}/checkpoints/last.ckpt")):

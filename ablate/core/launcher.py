@@ -1,0 +1,57 @@
+"""The recipe's `launcher:` section: where a sweep's workers run (this machine, or Slurm) and, for Slurm,
+the one typed group of options every worker job gets (`ablate.sweep.slurm` submits them).
+
+A recipe sets them once (`launcher: {slurm: {partition: gpu, time_min: 240, gpus_per_worker: 1}}`); the
+command line overrides any of them like any recipe key (`--launcher.slurm.partition gpu`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from jsonargparse.typing import NonNegativeInt, PositiveInt
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """The Slurm options of every worker job (one array task per worker).
+
+    Attributes:
+        partition: partition to submit to (default: the cluster's default partition)
+        time_min: time limit of each worker job, in minutes; a job out of time is requeued and goes on
+        gpus_per_worker: GPUs each worker job gets (a trial asking for several devices, DDP, needs as many)
+        cpus_per_worker: CPU cores each worker job gets
+        mem_gb: memory of each worker job in GB (default: the partition's)
+        account: account to charge
+        qos: quality of service
+        array_parallelism: worker jobs running at once (default: all of them)
+        signal_delay_s: seconds before the time limit that Slurm sends the warning signal (USR2), for the
+            worker to checkpoint its trial and requeue itself
+        sbatch_lines: more sbatch options, each as `key=value` (e.g. `constraint=a100`, `exclusive=`)
+    """
+
+    partition: str | None = None
+    time_min: PositiveInt = 60
+    gpus_per_worker: NonNegativeInt = 0
+    cpus_per_worker: PositiveInt = 1
+    mem_gb: PositiveInt | None = None
+    account: str | None = None
+    qos: str | None = None
+    array_parallelism: PositiveInt | None = None
+    signal_delay_s: PositiveInt = 120
+    sbatch_lines: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    """The recipe's `launcher:` section.
+
+    Attributes:
+        name: where `ablate sweep` and `ablate worker` run the workers (`--launcher` overrides it)
+        slurm: options of the Slurm worker jobs
+    """
+
+    name: Literal["local", "slurm"] = "local"
+    slurm: SlurmOptions = dataclasses.field(default_factory=SlurmOptions)

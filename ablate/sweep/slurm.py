@@ -1,0 +1,229 @@
+"""`--launcher slurm`: a sweep's workers as one Slurm job array, submitted through submitit.
+
+Each array task is one `ablate worker` (the same arguments a local worker gets), run in-process by
+`run_worker` on the node with this interpreter (submitit starts `sys.executable` there), pulling trials
+from the sweep's study until none is left. The tasks share nothing but the study and the tracking store,
+so the array may be any size and a task may start at any time.
+
+Slurm's warning signal (USR2, `signal_delay_s` before the time limit, or sent by `scancel --signal=USR2`
+for a preemption) is caught by `ablate.sweep.preemption`: the running trial saves its checkpoint at its
+current step and is handed back to the study, then the task requeues itself (`scontrol requeue`) and its
+next start (or any other worker) resumes the trial from that step. A task killed with no warning leaves its
+trial RUNNING; the study's liveness rule (`ablate.sweep.run.is_stale`) retries it.
+
+submitit writes the sbatch script, the job array and the per-task logs (`<workspace>/slurm/`); its own
+signal handling and job watching (through `sacct`, which many clusters do not run) are not used: progress
+is read from the study, which knows more (`ablate status`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ablate.core.errors import UserError
+from ablate.core.launcher import SlurmOptions
+from ablate.store.study import SweepContext
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str  # the array job's id
+    tasks: list[str]  # array_job_task ids, one per worker
+    logs: Path
+
+
+def check_slurm(options: SlurmOptions) -> int:
+    """That a Slurm controller answers; returns the number of nodes in the partition the jobs go to."""
+    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+        raise UserError(
+            "--launcher: slurm needs Slurm's `sbatch` and `sinfo` on PATH, and they are not here; "
+            "run on a Slurm login node, or use --launcher local"
+        )
+    cmd = ["sinfo", "--noheader", "--format=%n"] + (
+        ["--partition", options.partition] if options.partition else []
+    )
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        done = None
+    if done is None or done.returncode != 0:
+        why = (
+            "no answer in 60 s"
+            if done is None
+            else " ".join(done.stderr.split()) or f"exit {done.returncode}"
+        )
+        raise UserError(
+            f"--launcher: slurm: the Slurm controller does not answer (sinfo: {why}); nothing was submitted"
+        )
+    nodes = set(done.stdout.split())
+    if not nodes:
+        where = f"partition {options.partition!r}" if options.partition else "the default partition"
+        raise UserError(f"--launcher.slurm.partition: {where} has no nodes (sinfo); give another")
+    return len(nodes)
+
+
+def sbatch_extras(options: SlurmOptions) -> dict[str, Any]:
+    """`sbatch_lines` (`key=value`, or a bare `key` for a flag) as submitit's additional parameters."""
+    extra: dict[str, Any] = {}
+    for line in options.sbatch_lines:
+        key, eq, value = line.partition("=")
+        if not key.strip() or key.strip().startswith("-"):
+            raise UserError(
+                f"launcher.slurm.sbatch_lines: {line!r} is not key=value; write sbatch's long option without "
+                "its dashes (constraint=a100, exclusive)"
+            )
+        extra[key.strip().replace("-", "_")] = value.strip() if eq and value.strip() else True
+    return extra
+
+
+def check_cluster_stores(ctx: SweepContext, nodes: int) -> None:
+    """Stores that workers on several nodes cannot share are refused before anything is submitted."""
+    if nodes < 2:
+        return  # one node: its workers share the workspace's files like local workers do
+    uri = ctx.tracking_uri or ""
+    if not uri or uri.startswith("sqlite:"):
+        raise UserError(
+            f"--tracking-uri: workers on {nodes} nodes cannot share a SQLite tracking store "
+            f"({uri or 'the default one in the workspace'}: SQLite's file locks do not hold over a network "
+            "filesystem); start `ablate server` and pass its http:// URI, or a postgresql:// database"
+        )
+    if (ctx.storage_url or "").startswith("sqlite:"):
+        raise UserError(
+            f"--storage: workers on {nodes} nodes cannot share a SQLite study ({ctx.storage_url}); use "
+            "journal:/shared/path/optuna.journal (a shared filesystem) or postgresql://..."
+        )
+
+
+def submit_workers(
+    ctx: SweepContext, workers: int, options: SlurmOptions, main: Callable[[list[str]], int], argv: list[str]
+) -> Submitted:
+    """Submit `workers` array tasks, each running `main(argv)`: `ablate.cli.main` (handed down by the verb,
+    which this layer does not import) with an `ablate worker` command line."""
+    import submitit
+
+    folder = Path(ctx.workspace).resolve() / "slurm"
+    executor = submitit.SlurmExecutor(folder=folder / "%A", max_num_timeout=1000)
+    extra = sbatch_extras(options)
+    parameters: dict[str, Any] = dict(
+        job_name=f"ablate-{ctx.study_name}",
+        time=options.time_min,
+        cpus_per_task=options.cpus_per_worker,
+        ntasks_per_node=1,
+        signal_delay_s=options.signal_delay_s,
+        array_parallelism=options.array_parallelism or workers,
+        setup=[f"export OMP_NUM_THREADS={options.cpus_per_worker}"],
+        additional_parameters={"requeue": True, **extra},
+    )
+    if options.gpus_per_worker:
+        parameters["gpus_per_node"] = options.gpus_per_worker
+    for name in ("partition", "account", "qos"):
+        if getattr(options, name):
+            parameters[name] = getattr(options, name)
+    if options.mem_gb:
+        parameters["mem"] = f"{options.mem_gb}GB"
+    executor.update_parameters(**parameters)
+    try:
+        jobs = executor.map_array(SlurmWorker(main, list(argv)), range(workers))
+    except Exception as e:  # sbatch refused (unknown partition, account, option): the user's to fix
+        raise UserError(
+            f"--launcher: slurm: sbatch refused the job array: {' '.join(str(e).split())[:400]}"
+        ) from None
+    tasks = [job.job_id for job in jobs]
+    return Submitted(job_id=tasks[0].split("_")[0], tasks=tasks, logs=folder / tasks[0].split("_")[0])
+
+
+@dataclass(frozen=True)
+class SlurmWorker:
+    """One array task, pickled by submitit and called on the node with the task's index: `ablate worker`,
+    requeued when Slurm warns (ablate.sweep.preemption)."""
+
+    main: Callable[[list[str]], int]
+    argv: list[str]
+
+    def __call__(self, index: int) -> int:
+        return run_worker(self.main, self.argv)
+
+
+def run_worker(main: Callable[[list[str]], int], argv: list[str]) -> int:
+    from ablate.sweep import preemption
+
+    preemption.arm()
+    try:
+        code = main(argv)
+    except preemption.Preempted as e:
+        job = os.environ.get("SLURM_ARRAY_JOB_ID", os.environ.get("SLURM_JOB_ID", ""))
+        task = os.environ.get("SLURM_ARRAY_TASK_ID")
+        job_id = f"{job}_{task}" if task else job
+        print(f"[worker] {e}; requeueing Slurm job {job_id}", flush=True)
+        subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=120)
+        sys.exit(0)  # Slurm starts this task again; the study has the trial, the run its checkpoint
+    if code:
+        raise SystemExit(code)
+    return code
+
+
+def launch(
+    ctx: SweepContext,
+    workers: int,
+    options: SlurmOptions,
+    main: Callable[[list[str]], int],
+    overrides_argv: list[str],
+    wait: bool,
+) -> Callable[[Any], bool]:
+    """Check Slurm and the stores now; return what submits the worker array for a study (and, with
+    `wait`, waits for its trials: True when they all finished, for the caller to report)."""
+    sbatch_extras(options)  # a malformed line is refused now, before anything is enqueued
+    check_cluster_stores(ctx, check_slurm(options))
+
+    def submit(study: Any) -> bool:
+        from ablate.store import tracking
+        from ablate.sweep.run import worker_argv
+
+        workspace = tracking.ensure_workspace(ctx.workspace).resolve()
+        storage = ctx.storage_url or f"journal:{workspace / 'optuna.journal'}"
+        done = submit_workers(ctx, workers, options, main, worker_argv(ctx, storage, overrides_argv))
+        print(
+            f"[sweep {ctx.study_name}] submitted Slurm job array {done.job_id} ({workers} workers: "
+            f"{', '.join(done.tasks)}); follow it with `squeue -j {done.job_id}` and `ablate status` "
+            f"with this command's arguments; logs in {done.logs}; stop it with `scancel {done.job_id}` "
+            "(running trials resume from their checkpoints when a sweep or worker is started again)",
+            flush=True,
+        )
+        return wait and wait_for_jobs(ctx, study, done)
+
+    return submit
+
+
+def wait_for_jobs(ctx: SweepContext, study: Any, submitted: Submitted, poll_s: float = 5.0) -> bool:
+    """Print progress until every trial is finished; a UserError if the jobs end before that."""
+    import time
+
+    from ablate.store.study import progress_counts
+
+    last = None
+    while True:
+        done, total, _ = progress_counts(study)
+        if (done, total) != last:
+            print(f"[sweep {ctx.study_name}] {done}/{total} trials finished", flush=True)
+            last = (done, total)
+        if done >= total:
+            return True
+        queued = subprocess.run(
+            ["squeue", "--noheader", "--format=%i", "--jobs", submitted.job_id],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if queued.returncode == 0 and not queued.stdout.strip():
+            raise UserError(
+                f"--wait: the Slurm jobs of array {submitted.job_id} ended with {total - done} trials "
+                f"unfinished; see {submitted.logs}, then run the sweep again to resume them"
+            )
+        time.sleep(poll_s)

@@ -1,0 +1,128 @@
+"""A sweep on a real Slurm (the `slurm` fixture: munged, slurmctld and slurmd on loopback): 2 variants x 2
+seeds as a 2-task job array; one task is sent the warning signal mid-trial and requeues itself, the other
+is cancelled outright later. Every trial finishes exactly once, the warned trial resumes from the
+checkpoint it saved at the signal (its logged steps go on from there, none twice), and the report's
+numbers equal a local run's. Every wait is for an event; pytest's timeout is the hang guard."""
+
+from __future__ import annotations
+
+import csv
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import mlflow
+import optuna
+import pytest
+from optuna.trial import TrialState
+from scaleout_helpers import run_cli, write_recipe
+
+from ablate.store.tracking import tracking_uri_for
+
+pytestmark = pytest.mark.scaleout
+
+STEPS, VAL_EVERY = 60, 20
+
+
+def _study(workspace: Path):
+    from ablate.store.study import storage_for
+
+    return optuna.load_study(study_name="mini", storage=storage_for(None, workspace))
+
+
+def _wait_for(what: str, found, array: str | None = None, logs: Path | None = None, poll_s: float = 0.2):
+    """found() until it returns something: an event, however long a busy machine takes; the array's jobs
+    ending first fails the test with their logs."""
+    while True:
+        value = found()
+        if value:
+            return value
+        if array is not None and not _squeue(array).strip():
+            shown = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(logs.glob("*_log.*")))
+            raise AssertionError(f"the Slurm jobs ended before {what}:\n{shown}")
+        time.sleep(poll_s)
+
+
+def _running(study, client, exclude: str | None = None):
+    """(trial, its Slurm task) of a trial that has logged a training step, in a task other than `exclude`."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        job, run_id = trial.user_attrs.get("slurm_job"), trial.user_attrs.get("mlflow_run_id")
+        if job and run_id and job != exclude and client.get_metric_history(run_id, "train/loss"):
+            return trial, job
+    return None
+
+
+def _squeue(job: str) -> str:
+    return subprocess.run(["squeue", "--noheader", "--jobs", job], capture_output=True, text=True).stdout
+
+
+def _table(folder: Path) -> list[tuple[str, str, str]]:
+    return sorted((r["variant"], r["seed"], r["valid"]) for r in csv.DictReader(open(folder / "table.csv")))
+
+
+def test_a_sweep_on_slurm_survives_a_preemption_and_a_cancel(slurm, tmp_path):
+    recipe = write_recipe(tmp_path, seeds=[0, 1], base__train__steps=STEPS, base__train__val_every=VAL_EVERY)
+    workspace = tmp_path / "ablate-runs"
+    args = ("sweep", str(recipe), "--launcher", "slurm", "--workers", "2", "--yes", "--reports", "rep")
+    out = run_cli(*args, cwd=tmp_path, check=True).stdout
+    array = re.search(r"submitted Slurm job array (\d+)", out).group(1)  # returns once submitted
+
+    client = mlflow.MlflowClient(tracking_uri_for(workspace, None))
+    study = _study(workspace)
+    jobs = dict(array=array, logs=workspace / "slurm" / array)
+    warned, warned_task = _wait_for("a trial training", lambda: _running(study, client), **jobs)
+    subprocess.run(["scancel", "--signal=USR2", warned_task], check=True)
+    # Slurm holds a requeued job for its requeue delay (2 minutes in 22.05); as an admin may, start it now.
+    _wait_for("the warned task requeued", lambda: "(BeginTime)" in _squeue(warned_task))
+    subprocess.run(["scontrol", "update", f"JobId={warned_task}", "StartTime=now"], check=True)
+    handed_back = _wait_for(
+        "the warned trial handed back",
+        lambda: (
+            study.get_trials(deepcopy=False)[warned.number].state == TrialState.FAIL
+            and study.get_trials(deepcopy=False)[warned.number]
+        ),
+        **jobs,
+    )
+    assert handed_back.user_attrs["failure_reason"].startswith("preempted"), handed_back.user_attrs
+    saved_at = handed_back.user_attrs["preempted_at"]  # the step the signal's checkpoint was saved at
+    assert 0 < saved_at < STEPS
+
+    _, other = _wait_for(
+        "the other task training", lambda: _running(study, client, exclude=warned_task), **jobs
+    )
+    subprocess.run(["scancel", other], check=True)  # no warning: its trial is retried through liveness
+
+    def finished() -> bool:
+        trials = study.get_trials(deepcopy=False)
+        plans = {t.user_attrs["plan"] for t in trials}
+        return all(
+            any(t.user_attrs["plan"] == p and t.state == TrialState.COMPLETE for t in trials) for p in plans
+        )
+
+    _wait_for("every trial finished", finished, **jobs, poll_s=1.0)
+    _wait_for("the array gone", lambda: not _squeue(array).strip(), poll_s=1.0)
+
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(complete) == 4 and len({t.user_attrs["plan"] for t in complete}) == 4  # each exactly once
+    retry = next(t for t in complete if t.user_attrs["plan"] == warned.user_attrs["plan"])
+    assert retry.user_attrs["mlflow_run_id"] == warned.user_attrs["mlflow_run_id"]  # the same MLflow run
+    steps = [m.step for m in client.get_metric_history(retry.user_attrs["mlflow_run_id"], "train/loss")]
+    assert sorted(steps) == list(range(1, STEPS + 1)), steps  # went on from the checkpoint: no step twice
+    resumed = (workspace / "slurm" / array).glob("*_log.out")
+    assert any(f"checkpoint at step {saved_at}" in p.read_text() for p in resumed)
+
+    run_cli("report", str(recipe), "--reports", "rep", cwd=tmp_path, check=True)
+    local = tmp_path / "local"
+    run_cli(
+        *args[:2],
+        "--yes",
+        "--workspace",
+        str(local),
+        "--reports",
+        str(local / "rep"),
+        cwd=tmp_path,
+        check=True,
+    )
+    assert _table(tmp_path / "rep" / "mini") == _table(local / "rep" / "mini")
