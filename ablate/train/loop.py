@@ -61,6 +61,10 @@ def quiet_lightning() -> None:
     warnings.filterwarnings(
         "ignore", message=".*dirpath has changed from.*"
     )  # a budget's run resuming from its branch point, saved in the longest run's folder
+    # Slurm places ablate's workers itself (ablate.sweep.slurm), one process per run; a run over several
+    # nodes is started under srun by the user (docs/scaling-out.md). Lightning's hint to prepend srun,
+    # printed once per run wherever Slurm is installed, says nothing to either.
+    warnings.filterwarnings("ignore", message=".*`srun` command is available on your system.*")
 
 
 def compile_seconds() -> float:
