@@ -14,7 +14,12 @@ def hidden_width(d_model: int, hidden_mult: float, multiple_of: int) -> int:
 
 @register("ffn", "swiglu")
 class SwiGLU(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x), hidden width 8/3 d_model (Section 2.2)."""
+    """SwiGLU: w2(silu(w1 x) * w3 x), hidden width 8/3 d_model (Section 2.2).
+
+    Args:
+        hidden_mult: hidden width as a multiple of d_model (default 8/3)
+        multiple_of: the hidden width is rounded up to a multiple of this (LLaMA uses 256)
+    """
 
     residual_out = ("w2.weight",)
 
@@ -34,7 +39,12 @@ class SwiGLU(nn.Module):
 
 @register("ffn", "gelu")
 class GeluMLP(nn.Module):
-    """GELU MLP: w2(gelu(w1 x)), hidden width 4 d_model (GPT-2 style, no bias)."""
+    """GELU MLP: w2(gelu(w1 x)), hidden width 4 d_model (GPT-2 style, no bias).
+
+    Args:
+        hidden_mult: hidden width as a multiple of d_model (default 4)
+        multiple_of: the hidden width is rounded up to a multiple of this (LLaMA uses 256)
+    """
 
     residual_out = ("w2.weight",)
 

@@ -19,7 +19,11 @@ class ExpDepth:
 
 @register("lambda_init", "constant")
 class Constant:
-    """The same λ_init in every layer (Table 6 ablation rows: 0.8 or 0.5)."""
+    """The same λ_init in every layer (Table 6 ablation rows: 0.8 or 0.5).
+
+    Args:
+        value: λ_init of every layer
+    """
 
     def __init__(self, value: float = 0.8):
         self.value = float(value)

@@ -18,7 +18,11 @@ from ablate.core.registry import register
 
 @register("norm", "rmsnorm")
 class RMSNorm(nn.Module):
-    """RMSNorm (LLaMA, the paper's pre-norm): x / rms(x) * weight, statistics in float32."""
+    """RMSNorm (LLaMA, the paper's pre-norm): x / rms(x) * weight, statistics in float32.
+
+    Args:
+        eps: added to the mean square before the square root
+    """
 
     def __init__(self, *, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -35,7 +39,11 @@ class RMSNorm(nn.Module):
 
 @register("norm", "layernorm")
 class LayerNorm(nn.Module):
-    """LayerNorm without bias (the bias-free pre-LN alternative)."""
+    """LayerNorm without bias (the bias-free pre-LN alternative).
+
+    Args:
+        eps: added to the variance before the square root
+    """
 
     def __init__(self, *, dim: int, eps: float = 1e-5):
         super().__init__()

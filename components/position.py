@@ -15,7 +15,12 @@ ROPE_STYLES = ("interleaved", "rotate_half")
 
 @register("position", "rope")
 class RoPE(nn.Module):
-    """Rotary embeddings, positions 0..N-1; interleaved (GPT-J, the reference's) or rotate_half (NeoX)."""
+    """Rotary embeddings, positions 0..N-1; interleaved (GPT-J, the reference's) or rotate_half (NeoX).
+
+    Args:
+        theta: the base of the rotation frequencies theta^(-2i/d)
+        style: which channels rotate together: interleaved (2i, 2i+1) or rotate_half (i, i + d/2)
+    """
 
     def __init__(self, *, head_dim: int, theta: float = 10000.0, style: str = "interleaved"):
         super().__init__()

@@ -158,9 +158,12 @@ def _options_of(cls: type, structure: frozenset[str]) -> list[Option]:
         hints = typing.get_type_hints(cls.__init__)
     except Exception:  # a hint that does not resolve: validate that option as Any
         hints = {}
+    # `Args:` in the class docstring or in `__init__`'s own (a function's __doc__ is not inherited, where
+    # inspect.getdoc would hand down nn.Module.__init__'s); __init__'s wins where both name an option.
     docs = {
         p.arg_name: " ".join((p.description or "").split())
-        for p in docstring_parser.parse(inspect.getdoc(cls.__init__) or cls.__doc__ or "").params
+        for text in (cls.__doc__, cls.__init__.__doc__)
+        for p in docstring_parser.parse(inspect.cleandoc(text or "")).params
     }
     return [
         Option(n, hints.get(n, Any), p.default, docs.get(n, ""))

@@ -25,7 +25,15 @@ LAMBDAS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
 
 @register("attention", "diff")
 class DiffAttention(nn.Module):
-    """Differential attention: (softmax(Q1K1) - λ softmax(Q2K2)) V, per-head RMSNorm, times 1 - λ_init."""
+    """Differential attention: (softmax(Q1K1) - λ softmax(Q2K2)) V, per-head RMSNorm, times 1 - λ_init.
+
+    Args:
+        n_kv_heads: key/value heads for grouped-query attention (default: one per head)
+        per_head_norm: RMSNorm over each head's 2d channels (Eq. 3); false is Table 6's "- GroupNorm"
+        lambda_init: the λ_init rule, a `lambda_init` component: exp_depth (Eq. 2) or {name: constant, value: 0.8}
+        lambda_std: standard deviation of the λ vectors' normal initialisation (the reference's 0.1)
+        norm_eps: epsilon of the per-head RMSNorm
+    """
 
     residual_out = ("out_proj.weight",)
     # The attention core's FLOPs under each way of running Eq. 1, relative to `flops` (Eq. 1 as written,

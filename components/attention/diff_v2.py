@@ -31,7 +31,12 @@ from components.attention.softmax import KEY, kv_heads
 
 @register("attention", "diff_v2")
 class DiffV2Attention(nn.Module):
-    """Diff V2: 2h query heads, out_i = attn_2i - sigmoid(λ_proj x)_i attn_2i+1 (no norm, no λ_init)."""
+    """Diff V2: 2h query heads, out_i = attn_2i - sigmoid(λ_proj x)_i attn_2i+1 (no norm, no λ_init).
+
+    Args:
+        n_kv_heads: key/value heads for grouped-query attention (default: one per head)
+        heads_mult: the heads h as a multiple of d_model / head_dim (0.5: Diff V1's h)
+    """
 
     residual_out = ("o_proj.weight",)
 

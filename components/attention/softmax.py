@@ -29,7 +29,14 @@ def kv_heads(n_kv_heads: int | None, heads: int, *, what: str = "heads") -> int:
 
 @register("attention", "softmax")
 class SoftmaxAttention(nn.Module):
-    """Multi-head causal softmax attention (optional GQA, per-head RMSNorm), bias-free."""
+    """Multi-head causal softmax attention (optional GQA, per-head RMSNorm), bias-free.
+
+    Args:
+        head_dim_mult: head width as a multiple of model.head_dim (Table 6's 8 heads of d = 256: 2)
+        n_kv_heads: key/value heads for grouped-query attention (default: one per head)
+        per_head_norm: RMSNorm over each head's channels (Table 6's "+ GroupNorm" row)
+        norm_eps: epsilon of the per-head RMSNorm
+    """
 
     residual_out = ("out_proj.weight",)
 

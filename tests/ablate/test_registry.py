@@ -266,3 +266,50 @@ def test_components_misspelt_kind_suggests_the_closest(capsys):
 def test_components_unimportable_plugin_exits_2(capsys):
     code, out, err = run_cli(capsys, "components", "--imports", "no_such_plugin_module_xyz")
     assert_one_line_error(code, err, "imports: cannot import 'no_such_plugin_module_xyz'")
+
+
+def test_every_built_in_option_has_a_help_line():
+    registry.load_plugins()
+    missing = [
+        f"{entry.kind} {entry.name}: {option.name}"
+        for entry in registry.entries()
+        if entry.cls.__module__.startswith("components.")  # the built-in zoo, not a test's registrations
+        for option in registry.options_of(entry.cls)
+        if not option.help
+    ]
+    assert not missing
+
+
+def test_option_helps_come_from_the_class_docstring_or_init_not_from_nn_module():
+    class ClassDoc(nn.Module):
+        """A module documented on the class.
+
+        Args:
+            width: how wide it is
+        """
+
+        def __init__(self, *, width: int = 2):
+            super().__init__()
+
+    class InitDoc(nn.Module):
+        """A module documented in __init__."""
+
+        def __init__(self, *, width: int = 2, depth: int = 1):
+            """Build it.
+
+            Args:
+                width: the width
+                depth: the depth
+            """
+            super().__init__()
+
+    class Undocumented(nn.Module):
+        def __init__(self, *, width: int = 2):
+            super().__init__()
+
+    def helps(cls):
+        return {o.name: o.help for o in registry.options_of(cls)}
+
+    assert helps(ClassDoc) == {"width": "how wide it is"}
+    assert helps(InitDoc) == {"width": "the width", "depth": "the depth"}
+    assert helps(Undocumented) == {"width": ""}
