@@ -273,7 +273,9 @@ class TrainResult:
     ar_hit: float = float("nan")
     others: float = float("nan")
     ar_hit_share: float = float("nan")
-    tokens_per_s: float = float("nan")
+    mean_tokens_per_s: float = float(
+        "nan"
+    )  # the whole run's (compiling left out); MLflow's tokens_per_s is per log line
     accuracy: float = float("nan")  # tasks: exact match on the held-out samples
     steps: int = 0
     seconds: float = 0.0
@@ -287,12 +289,12 @@ class TrainResult:
         if math.isfinite(self.accuracy):
             return (
                 f"{self.name}: accuracy {self.accuracy:.3f}  answer loss {self.val_loss:.4f}  "
-                f"{self.tokens_per_s:,.0f} tokens/s  {self.steps} steps in {self.seconds:.0f} s; MLflow run {self.run_id}"
+                f"{self.mean_tokens_per_s:,.0f} tokens/s on average  {self.steps} steps in {self.seconds:.0f} s; MLflow run {self.run_id}"
                 + ("  [already finished]" if self.status == "already-finished" else "")
             )
         return (
             f"{self.name}: val loss {self.val_loss:.4f}  AR-Hit {self.ar_hit:.4f}  Others {self.others:.4f}  "
-            f"(AR-Hit share {self.ar_hit_share:.1%})  {self.tokens_per_s:,.0f} tokens/s  "
+            f"(AR-Hit share {self.ar_hit_share:.1%})  {self.mean_tokens_per_s:,.0f} tokens/s on average  "
             f"{self.steps} steps in {self.seconds:.0f} s{self._compiled()}; MLflow run {self.run_id}"
             + ("  [already finished]" if self.status == "already-finished" else "")
         )
@@ -377,9 +379,10 @@ def train_run(
     )
     result_file = folder / "result.json"
     if result_file.exists():  # written (atomically) when training ended: a kill after it loses nothing
-        done = TrainResult(
-            **{**json.loads(result_file.read_text()), "status": "already-finished", "run_id": run_id}
-        )
+        saved = json.loads(result_file.read_text())
+        if "tokens_per_s" in saved:  # written before the field said it is the run's mean
+            saved["mean_tokens_per_s"] = saved.pop("tokens_per_s")
+        done = TrainResult(**{**saved, "status": "already-finished", "run_id": run_id})
         if state != "finished":  # killed between the result and the MLflow bookkeeping: finish that
             _finish_in_mlflow(client, run_id, done)
         return done
@@ -397,6 +400,7 @@ def train_run(
             tracking.log_metrics(client, run_id, metrics, step)
 
         result = _fit(run, cfg, tokens, folder, sink, progress, callbacks or [], workspace)
+        sink({"mean_tokens_per_s": result.mean_tokens_per_s}, result.steps)
         if cfg.compile:  # the whole run's, validation's compiling included
             sink({"compile_s": result.compile_seconds}, result.steps)
     except Diverged as e:
@@ -554,7 +558,7 @@ def _fit(
         others=final.get("val/others", math.nan),
         ar_hit_share=final.get("val/ar_hit_share", math.nan),
         accuracy=final.get("val/accuracy", math.nan),
-        tokens_per_s=trained_steps * cfg.batch_tokens / (seconds - compiling)
+        mean_tokens_per_s=trained_steps * cfg.batch_tokens / (seconds - compiling)
         if seconds > compiling
         else float("nan"),
         steps=trainer.global_step,

@@ -68,12 +68,17 @@ def test_run_records_metrics_params_tags_and_recipe(mini_recipe, tmp_path):
         "val/ar_hit_share",
         "tokens",
         "tokens_per_s",
+        "mean_tokens_per_s",
         "lr",
         "grad_norm",
         "lambda/layer_00",
         "lambda/layer_01",
     ):
         assert key in metrics, key
+    # tokens_per_s is the rate since the previous log line; the run's mean is its own metric, the figure
+    # the summary line and final_metrics.json give (one meaning per name)
+    assert run.data.metrics["mean_tokens_per_s"] == result.mean_tokens_per_s > 0
+    assert f"{result.mean_tokens_per_s:,.0f} tokens/s on average" in result.summary()
     assert run.data.params["model.d_model"] == "32" and run.data.params["train.lr"] == "0.003"
     tags = run.data.tags
     assert (
