@@ -265,9 +265,10 @@ def worker(
 
 @shared("scale", "seeds", "workspace", "tracking_uri", "storage", "reports")
 def report(
-    recipe: str,
+    recipe: str | None = None,
     search: str | None = None,
     grace_period: float = 60.0,
+    from_: str | None = None,
     *,
     overrides: list | None = None,
     **options: Any,
@@ -278,10 +279,18 @@ def report(
         recipe: recipe YAML file of the sweep
         search: search spec of the sweep
         grace_period: seconds without heartbeat after which a trial's worker counts as dead
+        from_: a report folder to write again from its export (runs.parquet, metrics.parquet), with no store
     """
-    from ablate.report.write import write_report
+    from ablate.report.write import rebuild_report, write_report
     from ablate.store.study import open_study, report_folder
 
+    if from_:
+        if recipe or overrides:
+            raise UserError("ablate report --from: the export names its recipe; give no recipe or overrides")
+        rebuild_report(Path(from_))
+        return 0
+    if not recipe:
+        raise UserError("ablate report: give a recipe (e.g. recipes/table6.yaml) or --from reports/NAME/")
     opts = Shared(**options)
     ctx = _sweep_context(recipe, opts, search, grace_period, overrides)
     study, _ = open_study(ctx, create=False)
@@ -690,7 +699,7 @@ def _add_verb_arguments(sub, verb: str) -> None:
             )
             where.add_argument(flag.name, type=flag.hint, help=help_text, **kwargs)
             continue
-        dashed, under = "--" + flag.name.replace("_", "-"), "--" + flag.name
+        dashed, under = "--" + _spelled(flag.name).replace("_", "-"), "--" + _spelled(flag.name)
         names = [dashed] if dashed == under else [dashed, under]
         required = flag.default is inspect._empty
         where.add_argument(
@@ -748,6 +757,11 @@ def _add_recipe_help(sub) -> None:
             )
 
 
+def _spelled(name: str) -> str:
+    """A parameter's flag: `from_` (a Python keyword with an underscore) is spelled `--from`."""
+    return name[:-1] if name.endswith("_") else name
+
+
 def _first_line(fn: Callable) -> str:
     return (inspect.getdoc(fn) or "").splitlines()[0]
 
@@ -778,7 +792,8 @@ def split_argv(verb: str, argv: list[str]) -> tuple[list[str], list[str], bool]:
     by_spelling = {}
     for flag in flags.values():
         if flag.name not in POSITIONAL:
-            by_spelling["--" + flag.name] = by_spelling["--" + flag.name.replace("_", "-")] = flag
+            spelled = _spelled(flag.name)
+            by_spelling["--" + spelled] = by_spelling["--" + spelled.replace("_", "-")] = flag
     known: list[str] = []
     overrides: list[str] = []
     print_config = False
