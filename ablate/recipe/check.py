@@ -13,7 +13,7 @@ from ablate.core import contract, registry
 from ablate.core.config import Tolerance
 from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table, si
-from ablate.model.budget import Budget, attention_shape, model_budget, relative_deviation
+from ablate.model.cost import Budget, attention_shape, model_budget, relative_deviation
 from ablate.model.decoder import ModelConfig
 from ablate.recipe.resolve import Recipe, RunSpec
 

@@ -12,7 +12,7 @@ from cli_helpers import assert_one_line_error, run_cli
 from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.cli import main
-from ablate.model.budget import model_budget
+from ablate.model.cost import model_budget
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import load_recipe
 
