@@ -1,4 +1,4 @@
-"""The fitted forms and their objective: Huber loss on log-loss, summed over points (docs/paper.md, "Scaling").
+"""The fitted forms and their objective: Huber loss on log-loss, summed over points (docs/paper.md).
 
 Internally every form is `L = E + sum_k exp(a_k - e_k * x_k)` with `x_k = log(v_k) - c_k` the centred log
 of a variable (params N or tokens D). Centring at `c_k` (the mean log of the trained values) makes `a_k`
