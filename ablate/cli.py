@@ -45,6 +45,8 @@ class Shared:
         tracking_uri: MLflow tracking URI (default: SQLite in the workspace)
         storage: Optuna storage: postgresql://... for many machines (default: a journal file in the workspace)
         reports: folder for reports
+        search: search spec of the sweep, e.g. sweeps/lr.yaml (default: the plain grid)
+        grace_period: seconds without heartbeat after which a trial's worker counts as dead
     """
 
     scale: str | None = None
@@ -53,6 +55,8 @@ class Shared:
     tracking_uri: str | None = None
     storage: str | None = None
     reports: str = "reports"
+    search: str | None = None
+    grace_period: float = 60.0
 
     @property
     def workspace_path(self) -> Path:
@@ -238,36 +242,26 @@ def sweep(
     return 0
 
 
-@shared("scale", "seeds", "workspace", "tracking_uri", "storage")
-def worker(
-    recipe: str,
-    search: str | None = None,
-    grace_period: float = 60.0,
-    *,
-    overrides: list | None = None,
-    **options: Any,
-) -> int:
+@shared("scale", "seeds", "workspace", "tracking_uri", "storage", "search", "grace_period")
+def worker(recipe: str, *, overrides: list | None = None, **options: Any) -> int:
     """Join an existing sweep's study and run its waiting trials.
 
     Args:
         recipe: recipe YAML file of the sweep
-        search: search spec of the sweep
-        grace_period: seconds without heartbeat after which a trial's worker counts as dead
     """
     from ablate.sweep.run import open_study, work
 
-    ctx = _sweep_context(recipe, Shared(**options), search, grace_period, overrides)
+    opts = Shared(**options)
+    ctx = _sweep_context(recipe, opts, opts.search, opts.grace_period, overrides)
     study, store = open_study(ctx, create=False)
     trained = work(ctx, study, store)
     print(f"[worker] trained {trained} trials; no waiting trials left", flush=True)
     return 0
 
 
-@shared("scale", "seeds", "workspace", "tracking_uri", "storage", "reports")
+@shared("scale", "seeds", "workspace", "tracking_uri", "storage", "reports", "search", "grace_period")
 def report(
     recipe: str | None = None,
-    search: str | None = None,
-    grace_period: float = 60.0,
     from_: str | None = None,
     *,
     overrides: list | None = None,
@@ -277,8 +271,6 @@ def report(
 
     Args:
         recipe: recipe YAML file of the sweep
-        search: search spec of the sweep
-        grace_period: seconds without heartbeat after which a trial's worker counts as dead
         from_: a report folder to write again from its export (runs.parquet, metrics.parquet), with no store
     """
     from ablate.report.write import rebuild_report, write_report
@@ -292,7 +284,7 @@ def report(
     if not recipe:
         raise UserError("ablate report: give a recipe (e.g. recipes/table6.yaml) or --from reports/NAME/")
     opts = Shared(**options)
-    ctx = _sweep_context(recipe, opts, search, grace_period, overrides)
+    ctx = _sweep_context(recipe, opts, opts.search, opts.grace_period, overrides)
     study, _ = open_study(ctx, create=False)
     write_report(ctx, study, report_folder(ctx, Path(opts.reports)))
     return 0
