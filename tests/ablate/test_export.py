@@ -16,7 +16,7 @@ def _store_and_study(tmp_path):
     workspace = tracking.ensure_workspace(tmp_path / "ws")
     client = tracking.client_for(workspace, None)  # the embedded SQLite store a sweep uses
     experiment = tracking.get_experiment_id(client, "e", workspace)
-    tags = {"ablate.variant": "diff", "mlflow.user": "someone", "mlflow.source.name": "/home/someone/x.py"}
+    tags = {"ablate.variant": "diff", "mlflow.user": "someone", "mlflow.source.name": "/srv/someone/x.py"}
     run_id = client.create_run(experiment, tags=tags).info.run_id
     client.log_param(run_id, "model.d_model", "32")
     for step, value in ((2, 5.5), (4, 5.25), (4, 5.125)):  # a repeated step keeps its order

@@ -11,8 +11,8 @@ def test_workspace_reports_and_store_paths_become_their_flag_names(tmp_path):
     here = tmp_path / "repo"
     command = (
         f"ablate sweep {here}/recipes/table6.yaml --scale cpu --search {here}/sweeps/lr.yaml --workers 2 --yes "
-        "--workspace /scratch/lr/ws --reports=/scratch/lr/reports --storage journal:/scratch/j.log "
-        "--tracking-uri sqlite:////scratch/mlflow.db"
+        "--workspace /srv/lr/ws --reports=/srv/lr/reports --storage journal:/srv/j.log "
+        "--tracking-uri sqlite:////srv/mlflow.db"
     )
     assert portable_command(command, here) == (
         "ablate sweep recipes/table6.yaml --scale cpu --search sweeps/lr.yaml --workers 2 --yes "
