@@ -45,6 +45,8 @@ class Shared:
         tracking_uri: MLflow tracking URI (default: SQLite in the workspace)
         storage: Optuna storage: postgresql://... for many machines (default: a journal file in the workspace)
         reports: folder for reports
+        search: search spec of the sweep, e.g. sweeps/lr.yaml (default: the plain grid)
+        grace_period: seconds without heartbeat after which a trial's worker counts as dead
     """
 
     scale: str | None = None
@@ -53,6 +55,8 @@ class Shared:
     tracking_uri: str | None = None
     storage: str | None = None
     reports: str = "reports"
+    search: str | None = None
+    grace_period: float = 60.0
 
     @property
     def workspace_path(self) -> Path:
@@ -254,11 +258,9 @@ def _print_ui_link(ctx: Any, opts: Shared) -> None:
     print(f"MLflow UI: {ui}  -> {url}")
 
 
-@shared("scale", "seeds", "workspace", "tracking_uri", "storage")
+@shared("scale", "seeds", "workspace", "tracking_uri", "storage", "search", "grace_period")
 def worker(
     recipe: str,
-    search: str | None = None,
-    grace_period: float = 60.0,
     launcher: Literal["local", "slurm"] | None = None,
     workers: int = 1,
     *,
@@ -269,8 +271,6 @@ def worker(
 
     Args:
         recipe: recipe YAML file of the sweep
-        search: search spec of the sweep
-        grace_period: seconds without heartbeat after which a trial's worker counts as dead
         launcher: local (this process) or slurm (submit --workers worker jobs); default: the recipe's
         workers: with --launcher slurm, worker jobs to submit
     """
@@ -278,7 +278,8 @@ def worker(
 
     from ablate.sweep.run import open_study, work, worker_placement
 
-    ctx = _sweep_context(recipe, Shared(**options), search, grace_period, overrides)
+    opts = Shared(**options)
+    ctx = _sweep_context(recipe, opts, opts.search, opts.grace_period, overrides)
     if workers < 1:
         raise UserError(f"--workers: expected a positive number, got {workers}")
     submit = _slurm_launch(ctx, launcher, workers, False, overrides)
@@ -298,35 +299,26 @@ def worker(
     return 0
 
 
-@shared("scale", "seeds", "workspace", "tracking_uri", "storage")
-def status(
-    recipe: str,
-    search: str | None = None,
-    grace_period: float = 60.0,
-    *,
-    overrides: list | None = None,
-    **options: Any,
-) -> int:
+@shared("scale", "seeds", "workspace", "tracking_uri", "storage", "search", "grace_period")
+def status(recipe: str, *, overrides: list | None = None, **options: Any) -> int:
     """How far a sweep is: trials finished / running (host, Slurm job) / waiting / failed, tokens, ETA.
 
     Args:
         recipe: recipe YAML file of the sweep
-        search: search spec of the sweep
-        grace_period: seconds without heartbeat after which a trial's worker counts as dead
     """
     from ablate.store.study import load_finished_study
     from ablate.sweep.status import status_report
 
-    ctx = _sweep_context(recipe, Shared(**options), search, grace_period, overrides)
+    opts = Shared(**options)
+    ctx = _sweep_context(recipe, opts, opts.search, opts.grace_period, overrides)
     print(status_report(ctx, load_finished_study(ctx, "ablate status")))
     return 0
 
 
-@shared("scale", "seeds", "workspace", "tracking_uri", "storage", "reports")
+@shared("scale", "seeds", "workspace", "tracking_uri", "storage", "reports", "search", "grace_period")
 def report(
-    recipe: str,
-    search: str | None = None,
-    grace_period: float = 60.0,
+    recipe: str | None = None,
+    from_: str | None = None,
     *,
     overrides: list | None = None,
     **options: Any,
@@ -335,14 +327,20 @@ def report(
 
     Args:
         recipe: recipe YAML file of the sweep
-        search: search spec of the sweep
-        grace_period: seconds without heartbeat after which a trial's worker counts as dead
+        from_: a report folder to write again from its export (runs.parquet, metrics.parquet), with no store
     """
-    from ablate.report.write import write_report
+    from ablate.report.write import rebuild_report, write_report
     from ablate.store.study import open_study, report_folder
 
+    if from_:
+        if recipe or overrides:
+            raise UserError("ablate report --from: the export names its recipe; give no recipe or overrides")
+        rebuild_report(Path(from_))
+        return 0
+    if not recipe:
+        raise UserError("ablate report: give a recipe (e.g. recipes/table6.yaml) or --from reports/NAME/")
     opts = Shared(**options)
-    ctx = _sweep_context(recipe, opts, search, grace_period, overrides)
+    ctx = _sweep_context(recipe, opts, opts.search, opts.grace_period, overrides)
     study, _ = open_study(ctx, create=False)
     write_report(ctx, study, report_folder(ctx, Path(opts.reports)))
     _print_ui_link(ctx, opts)
@@ -772,7 +770,7 @@ def _add_verb_arguments(sub, verb: str) -> None:
             )
             where.add_argument(flag.name, type=flag.hint, help=help_text, **kwargs)
             continue
-        dashed, under = "--" + flag.name.replace("_", "-"), "--" + flag.name
+        dashed, under = "--" + _spelled(flag.name).replace("_", "-"), "--" + _spelled(flag.name)
         names = [dashed] if dashed == under else [dashed, under]
         required = flag.default is inspect._empty
         where.add_argument(
@@ -830,6 +828,11 @@ def _add_recipe_help(sub) -> None:
             )
 
 
+def _spelled(name: str) -> str:
+    """A parameter's flag: `from_` (a Python keyword with an underscore) is spelled `--from`."""
+    return name[:-1] if name.endswith("_") else name
+
+
 def _first_line(fn: Callable) -> str:
     """The docstring's first paragraph, as one line (a summary may wrap over several)."""
     return " ".join((inspect.getdoc(fn) or "").split("\n\n")[0].split())
@@ -861,7 +864,8 @@ def split_argv(verb: str, argv: list[str]) -> tuple[list[str], list[str], bool]:
     by_spelling = {}
     for flag in flags.values():
         if flag.name not in POSITIONAL:
-            by_spelling["--" + flag.name] = by_spelling["--" + flag.name.replace("_", "-")] = flag
+            spelled = _spelled(flag.name)
+            by_spelling["--" + spelled] = by_spelling["--" + spelled.replace("_", "-")] = flag
     known: list[str] = []
     overrides: list[str] = []
     print_config = False

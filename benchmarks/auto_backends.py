@@ -38,7 +38,7 @@ CASES = [  # (sub-head width d, heads h, batch, sequence): 8192 tokens each
 ]
 BACKENDS = ("sdpa", "sdpa_padded", "blockwise")
 # Not a backend: the blockwise core with its own forward in query blocks ((A1 - λ A2) V, one product,
-# blocks above the diagonal skipped) instead of the padded fused forward. Issue 17 asks whether it wins.
+# blocks above the diagonal skipped) instead of the padded fused forward: does it win?
 BLOCK_FORWARD = "blockwise (block fwd)"
 ARMS = (*BACKENDS, BLOCK_FORWARD)
 SOFTMAX_ARMS = ("sdpa", "blockwise", "blocks")  # softmax attention: SDPA's fused kernel or query blocks

@@ -1,6 +1,8 @@
 """`ablate prepare` tokens/s against the tokenizer's own `encode_batch`, on a corpus made here (> 1 GB).
 
-    python benchmarks/prepare_throughput.py [--gb 1.1] [--workers 2] [--folder /tmp/ablate-prepare-bench]
+    python benchmarks/prepare_throughput.py [--gb 1.1] [--workers 2] [--folder DIR]
+
+(DIR: by default `ablate-prepare-bench` in the system's temporary folder.)
 
 The corpus: JSON lines of Zipf-distributed synthetic words (a vocabulary of 20K, 50-1500 words per
 document), written once and reused. The tokenizer: a byte-level BPE `tokenizer.json` of 32K tokens trained
@@ -23,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -134,7 +137,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gb", type=float, default=1.1)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--folder", type=Path, default=Path("/tmp/ablate-prepare-bench"))
+    parser.add_argument("--folder", type=Path, default=Path(tempfile.gettempdir()) / "ablate-prepare-bench")
     args = parser.parse_args()
     args.folder.mkdir(parents=True, exist_ok=True)
     corpus = make_corpus(args.folder, args.gb)

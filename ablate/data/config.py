@@ -17,6 +17,8 @@ data:
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -24,6 +26,14 @@ from typing import Any, Literal
 from ablate.core.config import load_section
 from ablate.core.errors import UserError
 from ablate.data.tokenizers import parse_tokenizer_spec
+
+# What a data.source that exists must not be: reading one never ends (/dev/zero) or waits for a writer.
+SPECIAL_FILES = (
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,11 @@ class DataConfig:
             raise UserError(
                 "data.source: '' is not a path; give a text/.jsonl file, a folder, a shard folder or 'stdlib'"
             )
+        if special := special_file(self.source):
+            raise UserError(
+                f"data.source: {self.source} is {special}, not a file or folder; give a text, .jsonl(.gz/.zst), "
+                ".json.gz or parquet file, a folder of them, a saved dataset, a shard folder or 'stdlib'"
+            )
         if not self.text_key:
             raise UserError("data.text_key: '' is not a field name; give a non-empty string")
         if self.separator == "":
@@ -63,6 +78,16 @@ class DataConfig:
             raise UserError(f"data.val_fraction: {self.val_fraction!r} is not a number in (0, 0.5]")
         if self.tokenizer is not None:  # the canonical {name: ..., options} form
             object.__setattr__(self, "tokenizer", parse_tokenizer_spec(self.tokenizer))
+
+
+def special_file(source: str) -> str | None:
+    """What `source` is when it exists but is neither a regular file nor a folder (a device, a FIFO, a
+    socket), else None. One `stat`: it never opens the file, so a FIFO with no writer cannot block it."""
+    try:
+        mode = os.stat(os.path.expanduser(source)).st_mode
+    except (OSError, ValueError):  # not there (a hub id, a path on another machine), or not a path
+        return None
+    return next((what for test, what in SPECIAL_FILES if test(mode)), None)
 
 
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(DataConfig)}

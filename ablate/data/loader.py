@@ -51,6 +51,20 @@ def train_batch(
     return _windows(tokens, starts, seq_len + 1)
 
 
+def micro_batch_numbers(start: int, stop: int | None, rank: int, world_size: int) -> range:
+    """The train micro-batch numbers a rank yields: start + rank, start + rank + world_size, ... (up to
+    `stop`, or practically forever)."""
+    stop = stop if stop is not None else 2**62
+    return range(start + rank, max(stop, start + rank), world_size)
+
+
+def this_workers_share(indices: range) -> range:
+    """Inside a DataLoader worker, its round-robin share of `indices` (the DataLoader reassembles the
+    order); the whole of them in the main process."""
+    info = get_worker_info()
+    return indices[info.id :: info.num_workers] if info is not None else indices
+
+
 class TrainBatches(IterableDataset):
     """Train micro-batches `start, start + 1, ...` (up to `stop`, or forever) as an IterableDataset.
 
@@ -79,8 +93,7 @@ class TrainBatches(IterableDataset):
 
     def indices(self) -> range:
         """The micro-batch numbers this rank yields (all workers together)."""
-        stop = self.stop if self.stop is not None else 2**62
-        return range(self.start + self.rank, max(stop, self.start + self.rank), self.world_size)
+        return micro_batch_numbers(self.start, self.stop, self.rank, self.world_size)
 
     def __len__(self) -> int:
         if self.stop is None:
@@ -88,11 +101,7 @@ class TrainBatches(IterableDataset):
         return len(self.indices())
 
     def __iter__(self):
-        indices = self.indices()
-        info = get_worker_info()
-        if info is not None:
-            indices = indices[info.id :: info.num_workers]
-        for i in indices:
+        for i in this_workers_share(self.indices()):
             yield train_batch(
                 self.tokens, i, seq_len=self.seq_len, micro_batch_size=self.micro_batch_size, seed=self.seed
             )

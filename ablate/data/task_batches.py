@@ -18,11 +18,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset
 
 from ablate.core import registry
 from ablate.core.errors import UserError
 from ablate.data.config import DataConfig, parse_data_config
+from ablate.data.loader import micro_batch_numbers, this_workers_share
 from ablate.data.tasks import PAD, Sample, Task
 
 LOSS_ON = ("answers", "all")
@@ -109,12 +110,7 @@ class TaskTrainBatches(IterableDataset):
         )
 
     def __iter__(self):
-        stop = self.stop if self.stop is not None else 2**62
-        indices = range(self.start + self.rank, max(stop, self.start + self.rank), self.world_size)
-        info = get_worker_info()
-        if info is not None:
-            indices = indices[info.id :: info.num_workers]
-        for i in indices:
+        for i in this_workers_share(micro_batch_numbers(self.start, self.stop, self.rank, self.world_size)):
             yield self.batch(i)
 
 

@@ -1,5 +1,5 @@
-"""Scaling-law and loss-curve fits with bootstrap intervals over runs (paper-notes.md, "Fitting scaling
-curves"). Reads finished numbers only: nothing here imports torch or the models.
+"""Scaling-law and loss-curve fits with bootstrap intervals over runs (docs/paper.md,
+"Scaling"). Reads finished numbers only: nothing here imports torch or the models.
 
 Modules: `forms` (the laws and the Huber objective), `optimize` (grid + L-BFGS-B), `points` (inputs, CSV),
 `core` (one arch + bootstrap), `ratios` (equal-loss ratios), `curve` (per-run loss curves), `fit`

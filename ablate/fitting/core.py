@@ -187,6 +187,15 @@ def refit_all(
     return np.concatenate(parts)
 
 
+def e_bound(e: float, min_loss: float, rtol: float = 1e-3) -> str:
+    """Which bound of E's range [0, min L] the fitted E sits at ("lower bound 0", "upper bound min L"), or ""."""
+    if e <= rtol * min_loss:
+        return "lower bound 0"
+    if e >= (1 - rtol) * min_loss:
+        return "upper bound, the smallest loss"
+    return ""
+
+
 def fit_arch(
     form: Form,
     arch: str,
@@ -245,6 +254,11 @@ def fit_arch(
     for var in ("params", "tokens"):
         if var not in form.variables and len({getattr(p, var) for p in pts}) > 1:
             notes.append(f"points differ in {var}, which the {form.name} form ignores")
+    if bound := e_bound(float(theta[0]), float(loss.min())):
+        notes.append(
+            f"E sits at its {bound} (E = {theta[0]:.4g}): the points do not pin the irreducible loss, so the "
+            "fit's values beyond them follow from the bound, not the data; do not quote its extrapolations"
+        )
 
     return ArchFit(
         arch=arch,

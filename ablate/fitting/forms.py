@@ -1,4 +1,4 @@
-"""The fitted forms and their objective: Huber loss on log-loss, summed over points (paper-notes.md).
+"""The fitted forms and their objective: Huber loss on log-loss, summed over points (docs/paper.md).
 
 Internally every form is `L = E + sum_k exp(a_k - e_k * x_k)` with `x_k = log(v_k) - c_k` the centred log
 of a variable (params N or tokens D). Centring at `c_k` (the mean log of the trained values) makes `a_k`
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-HUBER_DELTA = 1e-3  # on log-loss residuals (paper-notes.md)
+HUBER_DELTA = 1e-3  # on log-loss residuals (docs/paper.md, "Scaling")
 EXPONENT_BOUNDS = (1e-4, 3.0)  # "(0, 3]": strictly positive so the term cannot merge into E
 LOGCOEF_BOUNDS = (-50.0, 50.0)  # log of a term at the centre of the data; only guards overflow
 

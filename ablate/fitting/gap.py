@@ -1,7 +1,7 @@
 """The gap between two rows' fitted loss curves at a token count, with a paired bootstrap over seeds.
 
 Each row's final losses at several token budgets (one run per budget and seed) are fitted with the
-`tokens` form, L(D) = E + B D^-beta (paper-notes.md, "Fitting scaling curves"; the same Huber objective and
+`tokens` form, L(D) = E + B D^-beta (docs/paper.md, "Scaling"; the same Huber objective and
 optimiser as `fit_arch`). The gap is row minus reference at `tokens`. The bootstrap draws seeds with
 replacement, the same draw for both rows (seed k of every row shares its data order and initialisation),
 refits both and takes percentile intervals. With few seeds there are few distinct draws (3 seeds: 10), so

@@ -1,7 +1,7 @@
 """Equal-loss ratios: how much of the reference architecture's parameters (or tokens) another needs.
 
 For a trained value `v_B` of arch B: `L* = L_B(v_B)`, solve `L_A(v_A) = L*` and report `v_B / v_A`
-(paper-notes.md, Figure 3: "6.8B Diff matches 11B Transformer (62.2%)"). Both curves are decreasing, so
+(the paper's Section 3.2, Figure 3: "6.8B Diff matches 11B Transformer (62.2%)"). Both curves are decreasing, so
 the solution is unique when it exists: it does not when `L*` is at or below A's asymptote (`E_A`, plus
 the other term held fixed in the joint form), i.e. A cannot reach B's loss at any size. In the bootstrap
 such a draw counts as ratio 0 (A would need infinitely many), so it widens the interval honestly

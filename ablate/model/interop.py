@@ -1,4 +1,4 @@
-"""Loading weights written in the Differential Transformer reference code's layout (paper-notes.md).
+"""Loading weights written in the Differential Transformer reference code's layout (docs/paper.md, Section 2.1).
 
 `components.attention.diff.DiffAttention` keeps the reference's parameter names and shapes, so a
 reference `MultiheadDiffAttn` / `MultiheadFlashDiff*` state dict loads without conversion; so does

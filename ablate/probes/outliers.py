@@ -2,7 +2,7 @@
 
 Over the token budget: top-1/2/3/10/100 and the median of
 - |attention logits|: pre-softmax Q K^T / sqrt(d) of every softmax map the attention exposes through
-  `attend_with_maps` (softmax: one; Diff: both maps, pooled, as the authors did (unilm issue 1666); Diff V2:
+  `attend_with_maps` (softmax: one; Diff: both maps, pooled, as the authors did (their answer in the unilm repository's tracker, #1666); Diff V2:
   every query head), causal entries only (the masked ones never reach a softmax);
 - |hidden states|: every element of each block's output, the residual stream after both residual additions;
 per layer (`<group>/layer_XX/<stat>`) and over all layers (`<group>/<stat>`). Exact top-k and an exact

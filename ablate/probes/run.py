@@ -266,7 +266,7 @@ def run_eval(
     scale = scale or recipe.default_scale
     settings = eval_settings(recipe, scale, probes=probes, checkpoint=checkpoint, tokens=tokens)
     built = build_probes(settings)
-    ctx, study = finished_sweep(
+    ctx, study, client = finished_sweep(
         recipe,
         scale=scale,
         workspace=workspace,
@@ -274,7 +274,6 @@ def run_eval(
         storage_url=storage_url,
         verb="eval",
     )
-    client = tracking.client_for(ctx.workspace, tracking_uri)
     runs, left_out = finished_runs(ctx, study, client)
     ctx.seeds = sorted({run.seed for run, _ in runs}) or recipe.seeds
     summary = EvalSummary(left_out=left_out)

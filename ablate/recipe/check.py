@@ -14,7 +14,7 @@ from ablate.core import contract, registry
 from ablate.core.config import Tolerance
 from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table, si
-from ablate.model.budget import Budget, attention_shape, model_budget, relative_deviation
+from ablate.model.cost import Budget, attention_shape, model_budget, relative_deviation
 from ablate.model.decoder import ModelConfig
 from ablate.recipe.resolve import Recipe, RunSpec
 
@@ -27,6 +27,21 @@ class VariantCost:
     budget: Budget
     shape: dict[str, str]
 
+
+# The columns of `ablate check`'s table, in order (tests read the printed table by them).
+CHECK_COLUMNS = (
+    "variant",
+    "label",
+    "#heads",
+    "d",
+    "GN",
+    "λ_init",
+    "params",
+    "FLOPs/token (fwd)",
+    "Δparams",
+    "ΔFLOPs",
+    "matched",
+)
 
 def variant_costs(recipe: Recipe, scale: str | None) -> list[VariantCost]:
     """Each variant's (and size's) budget and attention shape at `scale`, from the loaded runs when the
@@ -71,20 +86,7 @@ def check_table(costs: list[VariantCost], tolerance: Tolerance) -> tuple[str, li
                 "UNMATCHED" if bad else "ok",
             ]
         )
-    headers = [
-        "variant",
-        "label",
-        "#heads",
-        "d",
-        "GN",
-        "λ_init",
-        "params",
-        "FLOPs/token (fwd)",
-        "Δparams",
-        "ΔFLOPs",
-        "matched",
-    ]
-    return markdown_table(headers, rows, align="llrrllrrrrl"), unmatched
+    return markdown_table(list(CHECK_COLUMNS), rows, align="llrrllrrrrl"), unmatched
 
 
 def flops_note(costs: list[VariantCost]) -> str:

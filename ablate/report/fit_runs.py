@@ -115,7 +115,7 @@ def run_fit_recipe(
         raise UserError(f"--form: {form!r} is not one of {', '.join(FORMS)}")
     if n_boot < 0:
         raise UserError(f"--bootstrap: expected a number >= 0, got {n_boot}")
-    ctx, study = finished_sweep(
+    ctx, study, client = finished_sweep(
         recipe,
         scale=scale,
         workspace=workspace,
@@ -133,7 +133,6 @@ def run_fit_recipe(
             f"{states}); run {sweep_hint(ctx)} first"
         )
     order = list(recipe.variants)
-    client = tracking.client_for(ctx.workspace, tracking_uri)
     runs = [_finished_run(client, r, params_count) for r in finished]
     runs.sort(key=lambda r: (order.index(r.arch) if r.arch in order else len(order), r.params, r.seed))
     archs = list(dict.fromkeys(r.arch for r in runs))

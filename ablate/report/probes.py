@@ -38,7 +38,7 @@ NOTES = {
     "quantization": "Quantization: dynamic absmax quantization of the attention logits, scale = (2^(b-1) - 1) / "
     "max|X|, X_q = round(X scale) / scale; 16 bits = none. Scored by the mean next-token loss on "
     "held-out tokens (lower is better); loss_increase: that loss minus the same run's 16-bit loss. "
-    "No task accuracy (the recipes have no task data path yet).",
+    "Not task accuracy: the paper's Figure 8 scores HellaSwag accuracy, which this probe does not measure.",
 }
 
 

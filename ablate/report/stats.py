@@ -1,6 +1,6 @@
 """Honest statistics over seeds: Student-t intervals and paired differences (for the Table 6 report).
 
-Small-scale replications are noisy (paper-notes.md: seed noise as large as the Diff-vs-vanilla effect),
+Small-scale replications are noisy (seed noise can be as large as the Diff-vs-Transformer effect),
 so every number in a report carries its interval and every comparison is paired by seed.
 
 Failed runs arrive as NaN: they are left out of the statistics and counted, never silently averaged.

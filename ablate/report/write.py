@@ -9,6 +9,7 @@ each other.
 from __future__ import annotations
 
 import datetime
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from ablate.report.table import (
     write_csv,
 )
 from ablate.store import tracking
+from ablate.store.export import METRICS_FILE, RUNS_FILE, write_export
 
 
 def write_report(ctx: Any, study: Any, folder: Path) -> Path:
@@ -96,6 +98,11 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
         from ablate.report.budgets import write_budget_report
 
         more += write_budget_report(ctx, study, collect(ctx, study, with_curves=False, budgets=True), folder)
+    from_export = tracking.is_export(ctx.tracking_uri)
+    if not from_export:  # the runs behind every file above, so `ablate report --from` rebuilds them
+        write_export(
+            tracking.client_for(ctx.workspace, ctx.tracking_uri), study, export_settings(ctx), folder
+        )
     shown = f"; the table shows each variant's best, {len(records)} runs" if chosen else ""
     header = (
         f"# How this report was made\n\n- command: `{study_command(study)}`\n- recipe: `{ctx.recipe.path}` (scale `{ctx.scale}`, "
@@ -109,12 +116,14 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
         + (", `lr_sensitivity.md`, `lr_sensitivity.csv`" if honesty.sensitivity else "")
         + (", `layer_stats.csv` (the residual-stream table's cells)" if honesty.layers else "")
         + "".join(f", `{path.name}`" for path in more)
-        + "\n"
+        + f", `{RUNS_FILE}` and `{METRICS_FILE}` (the runs: config, tags, params, every metric series; "
+        + "`ablate report --from` rebuilds this folder from them)\n"
     )
     readme = folder / "README.md"  # written last: its header lists every file the report wrote
     kept = hand_written(readme.read_text()) if readme.exists() else ""
     readme.write_text(header + (f"\n{kept}" if kept else ""))
-    _attach(ctx, study, folder)
+    if not from_export:
+        _attach(ctx, study, folder)
     print(
         f"[report] {folder / 'table.md'}\n\n"
         + "\n".join(honesty.header)
@@ -124,6 +133,44 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
         flush=True,
     )
     return folder
+
+
+def rebuild_report(folder: Path) -> Path:
+    """`ablate report --from FOLDER`: write FOLDER's report again from its export alone (no store, no
+    training), with the recipe file the export names, read from this checkout."""
+    from ablate.recipe.resolve import load_recipe
+    from ablate.recipe.search import SearchSpec, load_search_spec
+    from ablate.store.export import SCHEME, exported_study, read_meta
+    from ablate.store.study import SweepContext
+
+    settings = read_meta(folder)["report"]
+    recipe = load_recipe(
+        settings["recipe"], [tuple(o) for o in settings["overrides"]], scale=settings["scale"]
+    )
+    ctx = SweepContext(
+        recipe=recipe,
+        scale=recipe.scale,
+        seeds=settings["seeds"],
+        workspace=folder,
+        tracking_uri=SCHEME + str(folder),
+        search=load_search_spec(settings["search"]) if settings["search"] else SearchSpec(),
+        search_path=settings["search"],
+        grace_period=settings["grace_period"],
+        progress=False,
+    )
+    return write_report(ctx, exported_study(folder), folder)
+
+
+def export_settings(ctx: Any) -> dict[str, Any]:
+    """What `ablate report --from` needs besides the runs to write this report again (ablate.store.export)."""
+    return {
+        "recipe": str(ctx.recipe.path),
+        "scale": ctx.scale,
+        "seeds": list(ctx.seeds),
+        "search": ctx.search_path,
+        "grace_period": ctx.grace_period,
+        "overrides": [[f"base.{key}", value] for key, value in ctx.recipe.base_overrides],
+    }
 
 
 def hand_written(readme: str) -> str:
@@ -137,7 +184,39 @@ def study_command(study: Any) -> str:
     """The `ablate sweep` command that made the study (recorded when it was enqueued), else this one's."""
     from ablate.store.study import command_line
 
-    return study.user_attrs.get("command") or command_line()
+    return portable_command(study.user_attrs.get("command") or command_line())
+
+
+# Flags whose value is a place on the machine that ran the study: a report names it, not its path.
+PLACE_FLAGS = {
+    "workspace": "WORKSPACE",
+    "reports": "REPORTS",
+    "storage": "STORAGE",
+    "tracking-uri": "TRACKING_URI",
+}
+
+
+def portable_command(command: str, here: Path | None = None) -> str:
+    """`command` as a reader of the report can run it: a workspace, reports folder or store given as an
+    absolute path (or a URL holding one) becomes the flag's name in capitals (`--workspace WORKSPACE`), and
+    another absolute path inside the current folder (a recipe) becomes relative to it."""
+    import shlex
+
+    here = (here or Path.cwd()).resolve()
+    words = shlex.split(command)
+    out = []
+    for i, word in enumerate(words):
+        flag, eq, value = word.partition("=") if word.startswith("--") and "=" in word else ("", "", word)
+        if not eq:
+            flag = words[i - 1] if i and words[i - 1].startswith("--") else ""
+        place = PLACE_FLAGS.get(flag.lstrip("-").replace("_", "-"))
+        absolute = value.startswith("/") or bool(re.match(r"^(journal|sqlite|file):/", value))
+        if place and absolute:
+            value = place
+        elif value.startswith("/") and Path(value).resolve().is_relative_to(here):
+            value = str(Path(value).resolve().relative_to(here))
+        out.append(f"{flag}={value}" if eq else value)
+    return shlex.join(out)
 
 
 def runs_code_versions(records: list[Any]) -> str:

@@ -245,8 +245,9 @@ def finished_sweep(
     tracking_uri: str | None,
     storage_url: str | None,
     verb: str,
-) -> tuple[SweepContext, Any]:
-    """(context, study) of a sweep whose finished runs a verb reads (`fit`, `eval`); see load_finished_study."""
+) -> tuple[SweepContext, Any, Any]:
+    """(context, study, MLflow client) of a sweep whose finished runs a verb reads (`fit`, `eval`); see
+    load_finished_study."""
     ctx = SweepContext(
         recipe=recipe,
         scale=scale,
@@ -256,4 +257,4 @@ def finished_sweep(
         storage_url=storage_url,
         progress=False,
     )
-    return ctx, load_finished_study(ctx, verb)
+    return ctx, load_finished_study(ctx, verb), tracking.client_for(ctx.workspace, tracking_uri)

@@ -72,7 +72,18 @@ def experiment_name(recipe: str, scale: str) -> str:
     return recipe if scale == "paper" else f"{recipe}-{scale}"
 
 
+def is_export(tracking_uri: str | None) -> bool:
+    """Whether `tracking_uri` names a report folder's export (ablate.store.export), read-only."""
+    from ablate.store import export
+
+    return bool(tracking_uri) and tracking_uri.startswith(export.SCHEME)
+
+
 def client_for(workspace: Path, tracking_uri: str | None):
+    from ablate.store import export
+
+    if is_export(tracking_uri):  # a report folder's runs, with no store
+        return export.ExportedRuns(Path(tracking_uri[len(export.SCHEME) :]))
     import logging
 
     import mlflow

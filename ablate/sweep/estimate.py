@@ -17,7 +17,7 @@ import torch
 
 from ablate.hardware.device import DeviceOps, device_ops
 from ablate.hardware.precision import autocast, choose_precision, compute_dtype, training_device
-from ablate.model.budget import model_budget
+from ablate.model.cost import model_budget
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import RunSpec
 

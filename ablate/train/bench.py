@@ -19,7 +19,7 @@ equal work per step across lengths, and matrix products as tall as training's mi
   doubling from small while a product stays short, within a time budget (bf16 emulated on a CPU without
   native bf16 is ~75x slower than float32: fixed large sizes took minutes there), best of every round.
 - MFU: budget FLOPs per token x 3 (training) x training tokens/s / the matmul peak of the dtype that ran.
-  Budget FLOPs count attention maps dense, as `ablate.model.budget` does (causal kernels execute about half of
+  Budget FLOPs count attention maps dense, as `ablate.model.cost` does (causal kernels execute about half of
   them). A peak below the model's own achieved FLOP rate cannot be the device's peak (the measurement
   was disturbed or too short): the MFU is then reported as suspect (NaN in the csv), not above 100%.
 
@@ -57,7 +57,7 @@ from ablate.core.tables import format_seconds, markdown_table
 from ablate.hardware.allocator import tune_glibc_malloc
 from ablate.hardware.device import CpuOps, DeviceOps, device_ops
 from ablate.hardware.precision import autocast, choose_precision, compute_dtype
-from ablate.model.budget import model_budget
+from ablate.model.cost import model_budget
 from ablate.model.decoder import ModelConfig, attention_kernel, build_model
 from ablate.recipe.resolve import load_recipe
 from components.attention.backends import check_backend

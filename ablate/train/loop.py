@@ -305,7 +305,7 @@ class TrainResult:
 
 def shape_tags(run: RunSpec) -> dict[str, str]:
     """What the report's #heads / d / GN columns and the fits' parameter counts read from MLflow."""
-    from ablate.model.budget import attention_shape, model_budget
+    from ablate.model.cost import attention_shape, model_budget
 
     shape = attention_shape(run.model)
     budget = model_budget(run.model, run.train.seq_len)

@@ -2,7 +2,7 @@
 
 A target token is an AR hit when it completes a bigram that already occurred earlier in the same
 sequence (associative recall: the model can copy it from context); every other target is "Others".
-Zoology also set aside bigrams frequent in the training data; this module does not (paper-notes.md).
+Zoology also set aside bigrams frequent in the training data; this module does not (docs/paper.md, Table 6).
 The slices mean little under a byte tokenizer, where almost every bigram repeats: report each slice's
 share of tokens beside its loss.
 

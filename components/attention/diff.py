@@ -1,6 +1,6 @@
 """Differential attention (kind `attention`, name `diff`): Ye et al., ICLR 2025, Eq. 1-3.
 
-Parameter layout is the reference's (paper-notes.md), so its checkpoints load as they are:
+Parameter layout is the reference's (docs/paper.md, Section 2.1), so its checkpoints load as they are:
 `q_proj` (d_model -> 2h d) and `k_proj` (d_model -> 2 h_kv d) hold interleaved sub-heads of width d
 (sub-head 2i is Q1 of head i, 2i+1 is Q2), `v_proj` (d_model -> h_kv 2d) holds heads of width 2d,
 `lambda_q1, lambda_k1, lambda_q2, lambda_k2` (d,), `subln.weight` (2d,), `out_proj` (d_model -> d_model).

@@ -1,4 +1,4 @@
-"""Diff V2 attention (kind `attention`, name `diff_v2`): the authors' second version (paper-notes.md).
+"""Diff V2 attention (kind `attention`, name `diff_v2`): the authors' second version (docs/paper.md, "Diff V2").
 
 Layout (the authors' names, no biases): `q_proj` d_model -> 2h·d (2h query heads of width d, the
 Transformer's head width), `k_proj` and `v_proj` d_model -> h_kv·d, `o_proj` h·d -> d_model, and

@@ -17,7 +17,7 @@ from cli_helpers import assert_one_line_error, run_cli
 from ablate.core.errors import UserError
 from ablate.hardware.device import CpuOps, CudaOps, device_ops
 from ablate.hardware.precision import ENV, autocast
-from ablate.model.budget import model_budget
+from ablate.model.cost import model_budget
 from ablate.recipe.resolve import load_recipe
 from ablate.sweep.estimate import calibrate
 from ablate.train.bench import (

@@ -12,8 +12,9 @@ from cli_helpers import assert_one_line_error, run_cli
 from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.cli import main
-from ablate.model.budget import model_budget
+from ablate.model.cost import model_budget
 from ablate.model.decoder import build_model
+from ablate.recipe.check import CHECK_COLUMNS
 from ablate.recipe.resolve import load_recipe
 
 HERE = Path(__file__).resolve().parent
@@ -26,19 +27,6 @@ VARIANTS = [
     "diff_no_gn",
     "diff_lambda_08",
     "diff_lambda_05",
-]
-COLUMNS = [
-    "variant",
-    "label",
-    "#heads",
-    "d",
-    "GN",
-    "λ_init",
-    "params",
-    "FLOPs/token (fwd)",
-    "Δparams",
-    "ΔFLOPs",
-    "matched",
 ]
 SI = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
@@ -53,7 +41,7 @@ def check_rows(out: str) -> dict[str, dict[str, str]]:
     """The table `ablate check` prints -> {variant: {column: cell}}, in printed order."""
     lines = [line for line in out.splitlines() if line.startswith("|")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert header == COLUMNS
+    assert header == list(CHECK_COLUMNS)
     rows = {}
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]

@@ -16,7 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.core import contract
 from ablate.core.registry import build
-from ablate.model.budget import model_budget
+from ablate.model.cost import model_budget
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import load_recipe
 

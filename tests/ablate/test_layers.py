@@ -29,7 +29,7 @@ LAYERS: list[str] = [
     "store",  # MLflow (tracking, server) and the Optuna study's location
     "recipe",  # YAML -> typed runs: resolve, match, search, check
     "analysis",  # attention analyses of trained models on tasks
-    "model",  # the decoder from registered components; its budget; interop
+    "model",  # the decoder from registered components; its parameters and FLOPs (cost); interop
     "data",  # corpora, tokenizers, shards, batches; tasks
     "hardware",  # device seam, precision, allocator
     "core",  # errors, typed config, registry, contract, table text

@@ -10,7 +10,7 @@ import yaml
 from cli_helpers import assert_one_line_error, run_cli
 
 from ablate.core.errors import UserError
-from ablate.model.budget import model_budget
+from ablate.model.cost import model_budget
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import load_recipe
 

@@ -1,4 +1,4 @@
-"""Diff V2 attention against a float64 implementation written here from paper-notes.md's description."""
+"""Diff V2 attention against a float64 implementation written here from docs/paper.md's description."""
 
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ def test_flops_match_flop_counter(n_kv_heads, heads_mult):
 
 
 def authors_state_dict(h: int, h_kv: int, d: int, d_model: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random tensors shaped as paper-notes.md describes the authors' Diff V2 module."""
+    """Random tensors shaped as docs/paper.md describes the authors' Diff V2 module."""
     g = torch.Generator().manual_seed(seed)
     shapes = {
         "q_proj.weight": (2 * h * d, d_model),

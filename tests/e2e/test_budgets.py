@@ -229,7 +229,7 @@ def test_a_budgeted_sweep_reports_every_budget_the_gap_and_its_trend(tmp_path, c
     readme = folder / "README.md"
     (files_line,) = [line for line in readme.read_text().splitlines() if line.startswith("- files: ")]
     assert {p.name for p in folder.iterdir()} - {"README.md"} == set(
-        re.findall(r"`([\w.]+\.(?:md|csv|png|json))`", files_line)
+        re.findall(r"`([\w.]+\.(?:md|csv|png|json|parquet))`", files_line)
     )
 
     # written again from the same stores: every file the same bytes, a person's section below kept

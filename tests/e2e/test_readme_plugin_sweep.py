@@ -1,6 +1,6 @@
 """The README's "Add a component" example, as a user adds it: its own file, `imports:` in a recipe beside
 Table 6's `transformer` and `diff` rows, `ablate check` without --allow-unmatched, then a short sweep that
-ends with three FINISHED runs (issue: adding a variant)."""
+ends with three FINISHED runs."""
 
 from __future__ import annotations
 

@@ -161,7 +161,7 @@ def test_servers_listen_on_loopback_by_default(verb):
 def test_server_command_is_an_argument_list_with_the_host_given():
     from ablate.store.server import server_command, url_for
 
-    cmd = server_command("sqlite:///x.db; rm -rf /", Path("/tmp/a b"), "127.0.0.1", 5000)
+    cmd = server_command("sqlite:///x.db; rm -rf /", Path("work space/a b"), "127.0.0.1", 5000)
     assert (
         isinstance(cmd, list) and "sqlite:///x.db; rm -rf /" in cmd
     )  # one argument, never parsed by a shell

@@ -1,4 +1,4 @@
-"""`ablate.model.budget`: parameter counts against really built models, FLOPs against FlopCounterMode."""
+"""`ablate.model.cost`: parameter counts against really built models, FLOPs against FlopCounterMode."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ablate.model.budget import model_budget, relative_deviation
+from ablate.model.cost import model_budget, relative_deviation
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import load_recipe
 
@@ -160,7 +160,7 @@ def test_table6_variants_are_matched_at_every_scale():
 
 
 def test_built_ins_are_counted_by_hand_and_describe_their_attention():
-    from ablate.model.budget import attention_shape
+    from ablate.model.cost import attention_shape
 
     for name, config in CONFIGS.items():
         assert model_budget(config, SEQ).counted == (), name

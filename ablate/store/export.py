@@ -1,0 +1,230 @@
+"""A study's runs in two parquet files beside its report, so the report can be rebuilt with no store.
+
+`runs.parquet` holds one row per MLflow run of the study's trials (every budget's run too): its status,
+tags, params (the flattened resolved config), latest metrics, and the small JSON/YAML artifacts the run
+logged (`resolved_recipe.yaml`, `data.json`, `final_metrics.json`). Its parquet metadata holds the Optuna
+study: its user attributes (the command that made it, ...) and every trial (state, params, times), plus
+what the report was written with (recipe, scale, seeds, search spec). `metrics.parquet` holds every
+logged metric series, one row per (run, key, step) in the order MLflow returned them.
+
+Reading it back gives the two things a report reads, each the real type, so the report code has one path
+whatever its source: an Optuna study in Optuna's in-memory storage, and `ExportedRuns`, which answers the
+read calls a report makes of an `MlflowClient` (`get_run`, `get_metric_history`, `download_artifacts`)
+with MLflow's own entities. Why not a real MLflow store: MLflow cannot create a run under a given run id,
+and the reports name their runs by id.
+
+Tags MLflow sets about the machine (`mlflow.user`, `mlflow.source.*`) are left out: they name a user and
+a path of the machine that trained, which a reader does not have and no report uses.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ablate.core.errors import UserError
+
+RUNS_FILE = "runs.parquet"
+METRICS_FILE = "metrics.parquet"
+FILES = (RUNS_FILE, METRICS_FILE)
+SCHEME = "export:"  # a tracking URI `export:FOLDER` reads the runs of FOLDER's export (tracking.client_for)
+ARTIFACTS = ("resolved_recipe.yaml", "data.json", "final_metrics.json")
+MACHINE_TAGS = ("mlflow.user", "mlflow.source.")
+META_KEY = b"ablate.study"
+
+
+def has_export(folder: Path) -> bool:
+    return all((Path(folder) / name).is_file() for name in FILES)
+
+
+def write_export(client: Any, study: Any, report: dict[str, Any], folder: Path) -> list[Path]:
+    """Write `study`'s runs (read through `client`) into `folder`; `report` says what the report was
+    written with (recipe path, scale, seeds, search). Returns the files written."""
+    import pyarrow as pa
+
+    trials = study.get_trials(deepcopy=False)
+    run_ids = sorted(
+        {
+            value
+            for t in trials
+            for key, value in t.user_attrs.items()
+            if (key == "mlflow_run_id" or key.startswith("budget_run:")) and value
+        }
+    )
+    runs: dict[str, list] = {k: [] for k in ("run_id", "status", "tags", "params", "metrics", "artifacts")}
+    series: dict[str, list] = {"run_id": [], "key": [], "step": [], "value": []}
+    for run_id in run_ids:
+        run = client.get_run(run_id)
+        metrics = run.data.metrics
+        runs["run_id"].append(run_id)
+        runs["status"].append(run.info.status)
+        tags = {k: v for k, v in run.data.tags.items() if not k.startswith(MACHINE_TAGS)}
+        runs["tags"].append(_json(tags))
+        runs["params"].append(_json(run.data.params))
+        runs["metrics"].append(_json(metrics))
+        runs["artifacts"].append(_json(_artifacts(client, run_id)))
+        for key in sorted(metrics):
+            for m in client.get_metric_history(run_id, key):
+                series["run_id"].append(run_id)
+                series["key"].append(key)
+                series["step"].append(m.step)
+                series["value"].append(m.value)
+    meta = {"study": study.study_name, "user_attrs": study.user_attrs, "report": report}
+    meta["trials"] = [_trial(t) for t in trials]
+    folder.mkdir(parents=True, exist_ok=True)
+    runs_table = pa.table(runs).replace_schema_metadata({META_KEY: _json(meta)})
+    metrics_table = pa.table(
+        {
+            "run_id": pa.array(series["run_id"], pa.string()).dictionary_encode(),
+            "key": pa.array(series["key"], pa.string()).dictionary_encode(),
+            "step": pa.array(series["step"], pa.int64()),
+            "value": pa.array(series["value"], pa.float64()),
+        }
+    )
+    written = []
+    for table, name in ((runs_table, RUNS_FILE), (metrics_table, METRICS_FILE)):
+        _write_parquet(table, folder / name)
+        written.append(folder / name)
+    return written
+
+
+def _write_parquet(table: Any, path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    # no statistics (min/max per page: bytes no reader here uses); zstd: the series compress about 3x
+    pq.write_table(table, path, compression="zstd", write_statistics=False)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value)  # in the order the store gave: a report reading the export sees the same order
+
+
+def _artifacts(client: Any, run_id: str) -> dict[str, str]:
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ARTIFACTS:
+            try:
+                path = client.download_artifacts(run_id, name, tmp)
+            except Exception:  # the run never logged it (an unfinished run), or the store cannot serve it
+                continue
+            out[name] = Path(path).read_text()
+    return out
+
+
+def _trial(trial: Any) -> dict[str, Any]:
+    from optuna.distributions import distribution_to_json
+
+    def when(t: datetime.datetime | None) -> str | None:
+        return t.isoformat() if t else None
+
+    return {
+        "number": trial.number,
+        "state": trial.state.name,
+        "value": trial.value,
+        "start": when(trial.datetime_start),
+        "complete": when(trial.datetime_complete),
+        "params": trial.params,
+        "distributions": {k: distribution_to_json(d) for k, d in trial.distributions.items()},
+        "user_attrs": trial.user_attrs,
+    }
+
+
+def read_meta(folder: Path) -> dict[str, Any]:
+    """The export's study and report settings (see the module doc); one line if `folder` has no export."""
+    import pyarrow.parquet as pq
+
+    folder = Path(folder)
+    if not has_export(folder):
+        raise UserError(
+            f"--from: {folder} has no export ({' and '.join(FILES)}); `ablate report` or `ablate sweep` "
+            "writes one beside the report"
+        )
+    meta = pq.read_schema(folder / RUNS_FILE).metadata or {}
+    if META_KEY not in meta:
+        raise UserError(f"--from: {folder / RUNS_FILE} holds no study (not written by ablate)")
+    return json.loads(meta[META_KEY])
+
+
+def exported_study(folder: Path) -> Any:
+    """The export's Optuna study, rebuilt in Optuna's in-memory storage (trials, their times and attributes)."""
+    import optuna
+    from optuna.distributions import json_to_distribution
+    from optuna.trial import FrozenTrial, TrialState
+
+    meta = read_meta(folder)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=meta["study"], storage=optuna.storages.InMemoryStorage())
+    for key, value in meta["user_attrs"].items():
+        study.set_user_attr(key, value)
+    for t in meta["trials"]:
+        state = TrialState[t["state"]]
+
+        def when(text: str | None) -> datetime.datetime | None:
+            return datetime.datetime.fromisoformat(text) if text else None
+
+        study.add_trial(
+            FrozenTrial(
+                number=t["number"],
+                state=state,
+                value=t["value"] if state == TrialState.COMPLETE else None,
+                datetime_start=when(t["start"]),
+                datetime_complete=when(t["complete"]),
+                params=t["params"],
+                distributions={k: json_to_distribution(d) for k, d in t["distributions"].items()},
+                user_attrs=t["user_attrs"],
+                system_attrs={},
+                intermediate_values={},
+                trial_id=t["number"],
+            )
+        )
+    return study
+
+
+class ExportedRuns:
+    """The runs of an export, answering the read calls a report makes of an `MlflowClient`."""
+
+    def __init__(self, folder: Path) -> None:
+        import pyarrow.parquet as pq
+
+        read_meta(folder)  # one line if there is no export
+        self.tracking_uri = SCHEME + str(folder)
+        runs = pq.read_table(Path(folder) / RUNS_FILE).to_pylist()
+        self._runs = {r["run_id"]: r for r in runs}
+        self._series: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        columns = pq.read_table(Path(folder) / METRICS_FILE).to_pydict()
+        for run_id, key, step, value in zip(
+            columns["run_id"], columns["key"], columns["step"], columns["value"], strict=True
+        ):
+            self._series.setdefault((run_id, key), []).append((step, value))
+
+    def _row(self, run_id: str) -> dict[str, Any]:
+        if run_id not in self._runs:
+            raise KeyError(f"run {run_id} is not in the export {self.tracking_uri[len(SCHEME) :]}")
+        return self._runs[run_id]
+
+    def get_run(self, run_id: str) -> Any:
+        from mlflow.entities import Metric, Param, Run, RunData, RunInfo, RunTag
+
+        row = self._row(run_id)
+        metrics = [Metric(k, v, 0, 0) for k, v in json.loads(row["metrics"]).items()]
+        params = [Param(k, v) for k, v in json.loads(row["params"]).items()]
+        tags = [RunTag(k, v) for k, v in json.loads(row["tags"]).items()]
+        info = RunInfo(run_id, "", "", row["status"], 0, None, "active")
+        return Run(info, RunData(metrics=metrics, params=params, tags=tags))
+
+    def get_metric_history(self, run_id: str, key: str) -> list[Any]:
+        from mlflow.entities import Metric
+
+        self._row(run_id)
+        return [Metric(key, value, 0, step) for step, value in self._series.get((run_id, key), [])]
+
+    def download_artifacts(self, run_id: str, path: str, dst_path: str) -> str:
+        artifacts = json.loads(self._row(run_id)["artifacts"])
+        if path not in artifacts:
+            raise FileNotFoundError(f"run {run_id} has no artifact {path} in the export")
+        out = Path(dst_path) / path
+        out.write_text(artifacts[path])
+        return str(out)

@@ -1,0 +1,62 @@
+"""`ablate report --from reports/NAME/` rebuilds a committed report folder from its export alone.
+
+Each committed folder with an export (`runs.parquet`, `metrics.parquet`: ablate.store.export) is copied,
+with the recipes it names, into an empty folder with no workspace and no store, and rewritten there by the
+CLI in a fresh interpreter: every file must come back byte-identical, and nothing else may appear (no
+workspace, no store). So is `exported-mini/` beside this file, a two-run study of the mini recipe kept as
+a fixture, so the rebuild is tested whichever report folders have an export.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from mini_project import run_cli
+
+from ablate.cli import main
+from ablate.store.export import has_export
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = Path(__file__).resolve().parent / "exported-mini"
+EXPORTED = [(FIXTURE, "mini")] + [
+    (ROOT, p.name) for p in sorted((ROOT / "reports").iterdir()) if p.is_dir() and has_export(p)
+]
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("root, name", EXPORTED, ids=[name for _, name in EXPORTED])
+def test_report_from_export_rebuilds_the_committed_folder_byte_identical(root, name, tmp_path):
+    for recipe in root.glob("*.yaml"):  # the fixture's recipe
+        shutil.copy(recipe, tmp_path)
+    if (root / "recipes").is_dir():
+        shutil.copytree(root / "recipes", tmp_path / "recipes")
+    committed = root / "reports" / name
+    copy = tmp_path / "reports" / name
+    shutil.copytree(committed, copy)
+    for generated in copy.iterdir():  # all but the export and the README's hand-written part go
+        if generated.name not in ("runs.parquet", "metrics.parquet", "README.md"):
+            generated.unlink()
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    run_cli("report", "--from", f"reports/{name}/", cwd=tmp_path, check=True)
+    assert _tree(copy) == _tree(committed)
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert set(after) - set(before) == {Path("reports", name, f) for f in _tree(committed)} - set(before)
+
+
+def _one_line_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert all(f in err for f in fragments), err
+
+
+def test_report_from_a_folder_without_an_export_is_one_line(tmp_path, capsys):
+    (tmp_path / "old").mkdir()
+    code = main(["report", "--from", str(tmp_path / "old")])
+    _one_line_error(code, capsys.readouterr().err, "--from:", "has no export", "runs.parquet")
+    code = main(["report", "recipes/table6.yaml", "--from", str(tmp_path / "old")])
+    _one_line_error(code, capsys.readouterr().err, "give no recipe")
