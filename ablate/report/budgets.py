@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,9 @@ def losses(records: list[Any], variant: str, size: str) -> dict[int, dict[int, f
     return dict(out)
 
 
-def gap_rows(order: list[str], records: list[Any], labels: dict[str, str]) -> list[dict[str, Any]]:
-    """Per (size, row other than the reference, budget): the paired difference to the reference row."""
-    rows = []
+def row_pairs(order: list[str], records: list[Any]) -> Iterator[tuple]:
+    """Per size, each row other than the reference (the first row present at that size): (size, reference
+    key, its losses, the row's key, its losses, the row's budgets in increasing order)."""
     for size in sorted({r.size for r in records}):
         present = [v for v in order if any(r.variant == v and r.size == size for r in records)]
         if len(present) < 2:
@@ -67,25 +68,33 @@ def gap_rows(order: list[str], records: list[Any], labels: dict[str, str]) -> li
         ref = losses(records, present[0], size)
         for variant in present[1:]:
             mine = losses(records, variant, size)
-            for tokens in sorted({t for curve in mine.values() for t in curve}):
-                diff = stats.paired_difference(
-                    {s: c[tokens] for s, c in mine.items() if tokens in c},
-                    {s: c[tokens] for s, c in ref.items() if tokens in c},
-                )
-                rows.append(
-                    {
-                        "variant": variant,
-                        "label": labels[variant],
-                        "reference": present[0],
-                        "size": size,
-                        "tokens": tokens,
-                        "n_seeds": diff.n,
-                        "gap": diff.mean,
-                        "lo": diff.lo,
-                        "hi": diff.hi,
-                        "p_value": diff.p_value,
-                    }
-                )
+            budgets = sorted({t for curve in mine.values() for t in curve})
+            yield size, present[0], ref, variant, mine, budgets
+
+
+def gap_rows(order: list[str], records: list[Any], labels: dict[str, str]) -> list[dict[str, Any]]:
+    """Per (size, row other than the reference, budget): the paired difference to the reference row."""
+    rows = []
+    for size, reference, ref, variant, mine, budgets in row_pairs(order, records):
+        for tokens in budgets:
+            diff = stats.paired_difference(
+                {s: c[tokens] for s, c in mine.items() if tokens in c},
+                {s: c[tokens] for s, c in ref.items() if tokens in c},
+            )
+            rows.append(
+                {
+                    "variant": variant,
+                    "label": labels[variant],
+                    "reference": reference,
+                    "size": size,
+                    "tokens": tokens,
+                    "n_seeds": diff.n,
+                    "gap": diff.mean,
+                    "lo": diff.lo,
+                    "hi": diff.hi,
+                    "p_value": diff.p_value,
+                }
+            )
     return rows
 
 
@@ -108,36 +117,29 @@ def doubling_rows(order: list[str], records: list[Any], labels: dict[str, str]) 
     """Per (size, row other than the reference, pair of consecutive budgets): the paired change of the gap
     per doubling of tokens, mean over seeds [95% Student-t] (module doc: why per doubling)."""
     rows = []
-    for size in sorted({r.size for r in records}):
-        present = [v for v in order if any(r.variant == v and r.size == size for r in records)]
-        if len(present) < 2:
-            continue
-        ref = losses(records, present[0], size)
-        for variant in present[1:]:
-            mine = losses(records, variant, size)
-            budgets = sorted({t for curve in mine.values() for t in curve})
-            for small, large in zip(budgets, budgets[1:]):
-                changes = [
-                    ((mine[s][large] - ref[s][large]) - (mine[s][small] - ref[s][small]))
-                    / math.log2(large / small)
-                    for s in sorted(set(mine) & set(ref))
-                    if all(t in mine[s] and t in ref[s] for t in (small, large))
-                ]
-                change = stats.mean_ci(changes)
-                rows.append(
-                    {
-                        "variant": variant,
-                        "label": labels[variant],
-                        "reference": present[0],
-                        "size": size,
-                        "from_tokens": small,
-                        "to_tokens": large,
-                        "n_seeds": change.n,
-                        "change_per_doubling": change.mean,
-                        "change_lo": change.lo,
-                        "change_hi": change.hi,
-                    }
-                )
+    for size, reference, ref, variant, mine, budgets in row_pairs(order, records):
+        for small, large in zip(budgets, budgets[1:]):
+            changes = [
+                ((mine[s][large] - ref[s][large]) - (mine[s][small] - ref[s][small]))
+                / math.log2(large / small)
+                for s in sorted(set(mine) & set(ref))
+                if all(t in mine[s] and t in ref[s] for t in (small, large))
+            ]
+            change = stats.mean_ci(changes)
+            rows.append(
+                {
+                    "variant": variant,
+                    "label": labels[variant],
+                    "reference": reference,
+                    "size": size,
+                    "from_tokens": small,
+                    "to_tokens": large,
+                    "n_seeds": change.n,
+                    "change_per_doubling": change.mean,
+                    "change_lo": change.lo,
+                    "change_hi": change.hi,
+                }
+            )
     return rows
 
 
@@ -149,38 +151,31 @@ def trend_rows(
     from ablate.fitting.gap import fitted_gap
 
     rows = []
-    for size in sorted({r.size for r in records}):
-        present = [v for v in order if any(r.variant == v and r.size == size for r in records)]
-        if len(present) < 2:
-            continue
-        ref = losses(records, present[0], size)
-        for variant in present[1:]:
-            mine = losses(records, variant, size)
-            budgets = sorted({t for curve in mine.values() for t in curve})
-            mine_doublings = [d for d in doublings if d["variant"] == variant and d["size"] == size]
-            last = mine_doublings[-1] if mine_doublings else None
-            at = EXTRAPOLATE * budgets[-1] if budgets else math.nan
-            fitted = fitted_gap(ref, mine, at, n_boot=N_BOOT) if len(budgets) >= 3 else None
-            rows.append(
-                {
-                    "variant": variant,
-                    "label": labels[variant],
-                    "reference": present[0],
-                    "size": size,
-                    "trend_from_tokens": last["from_tokens"] if last else math.nan,
-                    "trend_to_tokens": last["to_tokens"] if last else math.nan,
-                    "n_seeds": last["n_seeds"] if last else 0,
-                    "change_per_doubling": last["change_per_doubling"] if last else math.nan,
-                    "change_lo": last["change_lo"] if last else math.nan,
-                    "change_hi": last["change_hi"] if last else math.nan,
-                    "extrapolated_tokens": at,
-                    "extrapolated_gap": fitted.estimate if fitted else math.nan,
-                    "extrapolated_lo": fitted.lo if fitted else math.nan,
-                    "extrapolated_hi": fitted.hi if fitted else math.nan,
-                    "bootstrap_draws": fitted.n_boot if fitted else 0,
-                    "_doublings": mine_doublings,
-                }
-            )
+    for size, reference, ref, variant, mine, budgets in row_pairs(order, records):
+        mine_doublings = [d for d in doublings if d["variant"] == variant and d["size"] == size]
+        last = mine_doublings[-1] if mine_doublings else None
+        at = EXTRAPOLATE * budgets[-1] if budgets else math.nan
+        fitted = fitted_gap(ref, mine, at, n_boot=N_BOOT) if len(budgets) >= 3 else None
+        rows.append(
+            {
+                "variant": variant,
+                "label": labels[variant],
+                "reference": reference,
+                "size": size,
+                "trend_from_tokens": last["from_tokens"] if last else math.nan,
+                "trend_to_tokens": last["to_tokens"] if last else math.nan,
+                "n_seeds": last["n_seeds"] if last else 0,
+                "change_per_doubling": last["change_per_doubling"] if last else math.nan,
+                "change_lo": last["change_lo"] if last else math.nan,
+                "change_hi": last["change_hi"] if last else math.nan,
+                "extrapolated_tokens": at,
+                "extrapolated_gap": fitted.estimate if fitted else math.nan,
+                "extrapolated_lo": fitted.lo if fitted else math.nan,
+                "extrapolated_hi": fitted.hi if fitted else math.nan,
+                "bootstrap_draws": fitted.n_boot if fitted else 0,
+                "_doublings": mine_doublings,
+            }
+        )
     return rows
 
 
