@@ -43,6 +43,7 @@ CHECK_COLUMNS = (
     "matched",
 )
 
+
 def variant_costs(recipe: Recipe, scale: str | None) -> list[VariantCost]:
     """Each variant's (and size's) budget and attention shape at `scale`, from the loaded runs when the
     recipe was loaded at that scale."""

@@ -449,6 +449,10 @@ def honesty_checks(ctx: Any, all_records: list[RunRecord], records: list[RunReco
             f"A search over {', '.join(searched)} at scale {ctx.scale}, seed{'s' * (len(seeds) != 1)} "
             f"{', '.join(map(str, seeds))}: it chooses the setting; each row is shown at its best point."
         )
+    overridden = getattr(ctx.recipe, "base_overrides", [])
+    if purpose and overridden:  # the scale's words describe its own settings, not what an override ran
+        changed = ", ".join(f"`{key}={value}`" for key, value in overridden)
+        purpose += f" (The scale's own words: these runs overrode {changed}; the lines below say what ran.)"
     header = ([purpose] if purpose else []) + [
         rc.tokens_and_convergence(records, convergence),
         rc.lr_protocol(records, searched=any(r.searched for r in all_records)),

@@ -213,6 +213,10 @@ def test_the_tiny_scale_says_it_is_a_pipeline_check_and_a_recipe_purpose_is_show
     )
     assert honesty_checks(own, records, records).header[0].startswith("Past the transient")
     assert not honesty_checks(context("cpu"), records, records).header[0].startswith(("The `tiny`", "Past"))
+    overridden = context("tiny")
+    overridden.recipe.base_overrides = [("train.steps", 12)]
+    purpose = honesty_checks(overridden, records, records).header[0]
+    assert purpose.startswith(rc.TINY_PURPOSE) and "overrode `train.steps=12`" in purpose
 
 
 def test_the_lr_protocol_is_stated():
