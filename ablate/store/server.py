@@ -44,7 +44,7 @@ def server_command(
         backend_store_uri,
         "--serve-artifacts",
         "--artifacts-destination",
-        artifacts.as_uri(),
+        artifacts.absolute().as_uri(),  # a relative --artifacts is taken from the current folder
         "--host",
         host,
         "--port",

@@ -168,8 +168,9 @@ def test_worker_killed_mid_trial_on_postgres_is_resumed_by_another(tmp_path, pos
     logs = [tmp_path / f"worker{i}.log" for i in range(3)]
     procs = [_start_worker(recipe, storage, mlflow_server.url, workspace, log) for log in logs]
     victim = None
+    watched = _load_study(storage, experiment)  # one storage (one connection pool) for the whole wait
     while victim is None:  # the event, however long a busy machine takes; pytest's timeout guards hangs
-        for trial in _load_study(storage, experiment).get_trials(states=(TrialState.RUNNING,)):
+        for trial in watched.get_trials(states=(TrialState.RUNNING,)):
             folder = f"{trial.user_attrs.get('run_name')}-{trial.user_attrs.get('run_key')}"
             if list(workspace.glob(f"runs/*/{folder}/checkpoints/last.ckpt")):
                 victim = trial
