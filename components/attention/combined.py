@@ -23,8 +23,8 @@ import math
 
 import torch
 
-CHUNK_BYTES = 1 << 21  # a chunk's maps, at most (one batch row at least); benchmarks/NOTES.md
-BLOCK = 256  # query rows per causal block: block i meets only keys [0, its end); benchmarks/NOTES.md
+CHUNK_BYTES = 1 << 23  # a chunk's maps, at most (one batch row at least); benchmarks/NOTES.md
+BLOCK = 128  # query rows per causal block: block i meets only keys [0, its end); benchmarks/NOTES.md
 
 
 @torch.compiler.disable
