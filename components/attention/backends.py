@@ -144,7 +144,7 @@ def resolve(
         # Softmax attention gains nothing from the blockwise backward. In bf16 without AMX (AVX512-BF16
         # alone) the padded fused forward is slower than the blocks' one-product forward for sub-heads of
         # 32 and 64 (1.06-1.48x, "auto on CPU" in benchmarks/NOTES.md); with AMX it is faster.
-        # Sequences up to 256 ("Diff at the `cpu` and `tiny` widths" in benchmarks/NOTES.md): the maps kept
+        # Sequences up to 256 ("The `combined` core" in benchmarks/NOTES.md): the maps kept
         # whole and combined before V train the `cpu` and `tiny` models faster than every other core, in
         # float32 and in bf16 without AMX (with AMX not measured).
         amx = cpu_has_amx() if amx is None else amx

@@ -1,16 +1,19 @@
 """Differential attention with both maps kept whole and combined before the product with V (the
 `combined` backend): one autograd Function whose backward reuses the forward's maps.
 
-- forward: scores of both maps as one batched GEMM at width d, one causal softmax, A1 - λ A2, and one
-  (A1 - λ A2) V product at width 2d: Eq. 1's FLOPs, a Transformer's with 2h heads of width d (the fused
-  SDPA kernels need equal widths and do twice the core, Appendix A's FlashDiffAttn_1/2).
+- forward: per map, scores as a batched GEMM at width d with the causal mask as its -inf bias, a softmax;
+  then A1 - λ A2 and one (A1 - λ A2) V product at width 2d: Eq. 1's FLOPs, a Transformer's with 2h heads
+  of width d (the fused SDPA kernels need equal widths and do twice the core, Appendix A's
+  FlashDiffAttn_1/2).
 - backward: dV = (A1 - λ A2)^T dO, dA = dO V^T, dλ = -<dA, A2>, dS_m = softmax'(A_m; dA) scaled by
   1 or -λ, dQ = dS K, dK = dS^T Q: six GEMMs and a few passes over the maps, none recomputed.
-- the batch is walked in chunks of `CHUNK` rows so that one chunk's maps stay in the CPU's cache.
+- queries run in causal blocks of `BLOCK` rows (block i meets only keys [0, its end)), and the batch in
+  chunks whose maps fit in `CHUNK_BYTES`, so every pass over a chunk's maps reads what its GEMM just wrote
+  while it is still in the CPU's cache.
 
 Why our own: at the `cpu` and `tiny` widths (sequence 256, sub-heads 16-32 wide) the N x N maps are small,
 and what costs is SDPA's padded (2x) core and per-op overhead; no library kernel computes Eq. 1 with one
-product (benchmarks/NOTES.md, "Diff at the `cpu` and `tiny` widths"). The maps are O(N^2) in memory, as
+product (benchmarks/NOTES.md, "The `combined` core"). The maps are O(N^2) in memory, as
 the `math` backend's, so `auto` picks this only for short sequences.
 
 Layouts, as `components.attention.blockwise`: q (B, 2, G, R, N, d), k (B, 2, G, N, d), v (B, G, N, e)

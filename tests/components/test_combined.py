@@ -76,7 +76,7 @@ def test_combined_rejects_one_map():
 
 
 def test_auto_picks_combined_for_short_cpu_sequences():
-    """benchmarks/NOTES.md, "Diff at the `cpu` and `tiny` widths": fastest at sequence 256 in float32, and
+    """benchmarks/NOTES.md, "The `combined` core": fastest at sequence 256 in float32, and
     in bf16 without AMX; longer or unknown lengths, AMX bf16 and CUDA keep their rules."""
 
     def auto(dtype, seq_len, *, amx=False, device=CPU, head_dim=32):
