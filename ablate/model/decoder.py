@@ -182,14 +182,17 @@ def _name_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def attention_kernel(model: DecoderLM, device: torch.device, dtype: torch.dtype) -> str:
-    """The attention core `model`'s layers run on `device` in `dtype` (what `auto` resolves to), through the
-    component's `resolved_backend`; an attention that does not say gives its configured backend."""
+def attention_kernel(
+    model: DecoderLM, device: torch.device, dtype: torch.dtype, seq_len: int | None = None
+) -> str:
+    """The attention core `model`'s layers run on `device` in `dtype` for sequences `seq_len` long (what `auto`
+    resolves to), through the component's `resolved_backend`; an attention that does not say gives its
+    configured backend."""
     attn = model.blocks[0].attention
     resolved = getattr(attn, "resolved_backend", None)
-    return (
-        resolved(device, dtype) if resolved else str(getattr(attn, "backend", model.config.attention_backend))
-    )
+    if resolved is None:
+        return str(getattr(attn, "backend", model.config.attention_backend))
+    return resolved(device, dtype) if seq_len is None else resolved(device, dtype, seq_len=seq_len)
 
 
 def build_model(

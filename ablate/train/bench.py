@@ -263,7 +263,11 @@ def run_bench(
     ceilings = {
         v: {n: flop_ceilings(configs[variants[0]], configs[v], n) for n in seq_lens} for v in variants[1:]
     }
-    backends_used = {v: attention_kernel(models[v][0], ops.device, dtypes[0]) for v in variants}
+    kernel_at = {
+        (a.variant, a.seq_len): attention_kernel(models[a.variant][0], ops.device, dtypes[0], a.seq_len)
+        for a in arms
+    }
+    backends_used = {v: _kernels_by_length(v, kernel_at) for v in variants}
     text = _markdown(
         recipe.name,
         scale,
@@ -279,7 +283,7 @@ def run_bench(
         (foreign_share, repeated),
     )
     (folder / "bench.md").write_text(text)
-    ratio_rows = ratios(rows, variants, backends_used, ceilings)
+    ratio_rows = ratios(rows, variants, kernel_at, ceilings)
     _write_rows(ratio_rows, folder / "ratios.csv")
     if importlib.util.find_spec("matplotlib") is not None:
         _plot(rows, variants, ceilings, folder / "bench.png")
@@ -493,14 +497,26 @@ def _rows(arms: list[Arm], peak: float) -> list[dict[str, Any]]:
     return rows
 
 
+def _kernels_by_length(variant: str, kernel_at: dict[tuple[str, int], str]) -> str:
+    """The kernel `variant` ran, or where `auto` chose by length, each kernel with its lengths."""
+    lengths: dict[str, list[int]] = {}
+    for (v, n), kernel in sorted(kernel_at.items()):
+        if v == variant:
+            lengths.setdefault(kernel, []).append(n)
+    if len(lengths) == 1:
+        return next(iter(lengths))
+    return "; ".join(f"{k} at {', '.join(map(str, ns))}" for k, ns in lengths.items())
+
+
 def ratios(
     rows: list[dict[str, Any]],
     variants: list[str],
-    kernels: dict[str, str],
+    kernels: dict[Any, str],
     ceilings: dict[str, dict[int, dict[str, tuple[float, float]]]] | None = None,
 ) -> list[dict[str, Any]]:
     """ratios.csv: per variant after the first and sequence length, its training, forward and peak-memory
-    ratios to the first variant (the reference) at the kernel each used, and the FLOP ceilings."""
+    ratios to the first variant (the reference) at the kernel each used (`kernels` keyed by variant or by
+    (variant, seq_len)), and the FLOP ceilings."""
     by = {(r["variant"], r["seq_len"]): r for r in rows}
     out = []
     for variant in variants[1:]:
@@ -512,8 +528,8 @@ def ratios(
                 "variant": variant,
                 "reference": variants[0],
                 "seq_len": n,
-                "kernel": kernels.get(variant, ""),
-                "reference_kernel": kernels.get(variants[0], ""),
+                "kernel": kernels.get((variant, n), kernels.get(variant, "")),
+                "reference_kernel": kernels.get((variants[0], n), kernels.get(variants[0], "")),
                 "train_ratio": round(mine["train_tok_s"] / ref["train_tok_s"], 4),
                 "fwd_ratio": round(mine["fwd_tok_s"] / ref["fwd_tok_s"], 4),
                 "peak_mem_ratio": round(mine["peak_mem_mb"] / ref["peak_mem_mb"], 4),

@@ -327,7 +327,7 @@ def run_attention_kernel(run: RunSpec, device: str, precision: str) -> str:
     from ablate.hardware.precision import compute_dtype
 
     model = build_model(run.model, device="meta")
-    return attention_kernel(model, torch.device(device), compute_dtype(precision))
+    return attention_kernel(model, torch.device(device), compute_dtype(precision), seq_len=run.train.seq_len)
 
 
 def run_dir(workspace: Path, run: RunSpec) -> Path:

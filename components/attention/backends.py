@@ -7,6 +7,8 @@
 - `blockwise`: forward by SDPA's fused kernel (`sdpa_padded` for differential attention), backward by
   `components.attention.blockwise` in query blocks of PyTorch GEMMs: no N x N map kept, and the two
   maps of differential attention meet V in one (A1 - λ A2) V product (Eq. 1's FLOPs).
+- `combined` (differential attention; softmax attention runs `sdpa`): `components.attention.combined`,
+  both maps kept whole per query block and combined before V, one autograd Function, nothing recomputed.
 - `blocks`: forward and backward both in query blocks (`components.attention.blockwise`, no fused
   kernel): the forward combines the two maps before V, (A1 - λ A2) V as one product, so differential
   attention's forward has Eq. 1's FLOPs instead of the padded kernel's twice the core.
@@ -21,7 +23,9 @@
   multiples of 8 (4 in float32; float32 has no flash kernel), else `sdpa`; on CPU `sdpa`, except for
   differential attention on CPU: `blockwise`, or `sdpa_padded` for float32 sub-heads under 64 wide,
   or `blocks` for bf16 sub-heads 32 or more wide on a CPU without AMX (the fastest of each case
-  measured, benchmarks/NOTES.md: on AMX the fused forward wins, on AVX512-BF16 alone the blocks do).
+  measured, benchmarks/NOTES.md: on AMX the fused forward wins, on AVX512-BF16 alone the blocks do);
+  for sequences up to `COMBINED_MAX_SEQ` (the `cpu` and `tiny` widths' 256) `combined` instead, in float32
+  and in bf16 without AMX.
 
 Tensors are (batch, heads, seq, width). Keys and values may have fewer heads than queries (grouped-query
 attention): query head i reads kv head i // (H / H_kv), the convention of flash-attn and SDPA.
@@ -39,7 +43,7 @@ import torch.nn.functional as F
 
 from ablate.core.errors import UserError
 from ablate.core.registry import closest
-from components.attention import blockwise
+from components.attention import blockwise, combined
 
 BACKENDS = (
     "auto",
@@ -48,6 +52,7 @@ BACKENDS = (
     "sdpa_padded",
     "blockwise",
     "blocks",
+    "combined",
     "flash_attn",
     "sdpa_flash",
     "sdpa_efficient",
@@ -62,6 +67,7 @@ SDPA_KERNELS = {
 FLASH_MISSING = (
     "flash_attn backend: the flash-attn package is not installed (pip install 'ablate[flash]', CUDA only)"
 )
+COMBINED_MAX_SEQ = 256  # the longest sequence `auto` gives `combined` (the only length measured)
 _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
@@ -117,10 +123,11 @@ def resolve(
     diff: bool = False,
     head_dim: int = 64,
     amx: bool | None = None,
+    seq_len: int | None = None,
 ) -> str:
     """The concrete backend `name` means for tensors on `device` of `dtype` (only `auto` depends on them;
     `diff`: for differential attention with sub-heads `head_dim` wide; `amx`: whether the CPU has AMX,
-    read from the machine unless given)."""
+    read from the machine unless given; `seq_len`: the sequence length, where known)."""
     if name != "auto":
         return name
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
@@ -137,9 +144,16 @@ def resolve(
         # Softmax attention gains nothing from the blockwise backward. In bf16 without AMX (AVX512-BF16
         # alone) the padded fused forward is slower than the blocks' one-product forward for sub-heads of
         # 32 and 64 (1.06-1.48x, "auto on CPU" in benchmarks/NOTES.md); with AMX it is faster.
+        # Sequences up to 256 ("The `combined` core" in benchmarks/NOTES.md): the maps kept
+        # whole and combined before V train the `cpu` and `tiny` models faster than every other core, in
+        # float32 and in bf16 without AMX (with AMX not measured).
+        amx = cpu_has_amx() if amx is None else amx
+        short = seq_len is not None and seq_len <= COMBINED_MAX_SEQ
+        if short and (dtype == torch.float32 or (dtype == torch.bfloat16 and not amx)):
+            return "combined"
         if dtype == torch.float32:
             return "sdpa_padded" if head_dim < 64 else "blockwise"
-        if dtype == torch.bfloat16 and head_dim >= 32 and not (cpu_has_amx() if amx is None else amx):
+        if dtype == torch.bfloat16 and head_dim >= 32 and not amx:
             return "blocks"
         return "blockwise"
     if device.type == "cpu" and dtype == torch.bfloat16 and head_dim >= 64:
@@ -232,7 +246,7 @@ def diff_attend_maps(
     _check_groups(q1, k1, v, v_width=2 * q1.shape[-1])
     if q.shape[1] != 2 or k.shape[1] != 2:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must stack two maps on dim 1")
-    name = resolve(backend, q.device, q.dtype, diff=True, head_dim=q.shape[-1])
+    name = resolve(backend, q.device, q.dtype, diff=True, head_dim=q.shape[-1], seq_len=q.shape[-2])
     if return_weights or name == "math":
         a1, a2 = _maps(q1, k1), _maps(q[:, 1], k[:, 1])  # float32 (B,G,R,N,N)
         # One product with V, so the FLOPs are a Transformer's with 2h heads of width d.
@@ -247,6 +261,8 @@ def diff_attend_maps(
         return blockwise.attention(qg, k, v, lam, fused_forward=fused).flatten(1, 2)
     if name == "sdpa_padded":
         return _diff_padded(q, k, v, lam)
+    if name == "combined":
+        return combined.attention(q.unflatten(2, (k.shape[2], -1)), k, v, lam).flatten(1, 2)
     # FlashDiffAttn_2 (Appendix A): the fused kernels need V as wide as Q/K (a wide V silently drops
     # SDPA to its math kernel), so V is split into halves. Stacking Q1|Q2 and K1|K2 as heads keeps the
     # pairing (stacked query head j reads stacked kv head j // (h / h_kv)) and gives one call per half.
@@ -328,7 +344,7 @@ def causal_softmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _fused(name: str):
-    if name in ("sdpa", "sdpa_padded"):
+    if name in ("sdpa", "sdpa_padded", "combined"):
         return _sdpa
     if name in SDPA_KERNELS:
         return functools.partial(_sdpa_held, name)

@@ -94,9 +94,11 @@ class DiffAttention(nn.Module):
         """The model initialises the λ vectors Normal(0, lambda_std) (reference: 0.1)."""
         return dict.fromkeys(LAMBDAS, self.lambda_std)
 
-    def resolved_backend(self, device: torch.device, dtype: torch.dtype) -> str:
-        """The attention core that runs for inputs on `device` of `dtype`."""
-        return backends.resolve(self.backend, device, dtype, diff=True, head_dim=self.head_dim)
+    def resolved_backend(self, device: torch.device, dtype: torch.dtype, seq_len: int | None = None) -> str:
+        """The attention core that runs for inputs on `device` of `dtype` (and `seq_len` long, where known)."""
+        return backends.resolve(
+            self.backend, device, dtype, diff=True, head_dim=self.head_dim, seq_len=seq_len
+        )
 
     def lambda_value(self) -> torch.Tensor:
         """λ = exp(λq1·λk1) - exp(λq2·λk2) + λ_init (Eq. 2), a float32 0-dim tensor (with its graph)."""

@@ -111,8 +111,8 @@ class DiffV2Attention(nn.Module):
         out = (effective.to(v.dtype) @ values).transpose(1, 2).flatten(2)
         return self.o_proj(out), AttentionMaps(logits=(logits,), effective=effective)
 
-    def resolved_backend(self, device: torch.device, dtype: torch.dtype) -> str:
-        """The attention core that runs for inputs on `device` of `dtype`."""
+    def resolved_backend(self, device: torch.device, dtype: torch.dtype, seq_len: int | None = None) -> str:
+        """The attention core that runs for inputs on `device` of `dtype` (`seq_len`: unused, as for `diff`)."""
         return backends.resolve(self.backend, device, dtype, head_dim=self.head_dim)
 
     def flops(self, seq_len: int) -> int:

@@ -108,8 +108,8 @@ class SoftmaxAttention(nn.Module):
         out = self.out_proj(out.transpose(1, 2).reshape(batch, n, self.n_heads * self.head_width))
         return out, AttentionMaps(logits=(logits.flatten(1, 2),), effective=weights.flatten(1, 2))
 
-    def resolved_backend(self, device: torch.device, dtype: torch.dtype) -> str:
-        """The attention core that runs for inputs on `device` of `dtype`."""
+    def resolved_backend(self, device: torch.device, dtype: torch.dtype, seq_len: int | None = None) -> str:
+        """The attention core that runs for inputs on `device` of `dtype` (`seq_len`: unused, as for `diff`)."""
         return backends.resolve(self.backend, device, dtype, head_dim=self.head_width)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -92,6 +92,27 @@ def test_the_default_rows_hold_the_scales_training_length():
     }
 
 
+def test_the_kernel_is_named_per_sequence_length_where_auto_chooses_by_length():
+    """`auto` picks diff's CPU core by sequence length (`combined` up to 256): the markdown names each kernel
+    with its lengths, and each ratios.csv row the kernel that ran at its length."""
+    from ablate.train.bench import _kernels_by_length, ratios
+
+    kernel_at = {("transformer", 256): "sdpa", ("transformer", 512): "sdpa"}
+    kernel_at |= {("diff", 256): "combined", ("diff", 512): "sdpa_padded"}
+    assert _kernels_by_length("transformer", kernel_at) == "sdpa"
+    assert _kernels_by_length("diff", kernel_at) == "combined at 256; sdpa_padded at 512"
+    rows = [
+        {"variant": v, "seq_len": n, "train_tok_s": 2.0, "fwd_tok_s": 2.0, "peak_mem_mb": 2.0}
+        for v in ("transformer", "diff")
+        for n in (256, 512)
+    ]
+    kernels = [
+        (r["seq_len"], r["kernel"], r["reference_kernel"])
+        for r in ratios(rows, ["transformer", "diff"], kernel_at)
+    ]
+    assert kernels == [(256, "combined", "sdpa"), (512, "sdpa_padded", "sdpa")]
+
+
 def test_flop_ceilings_order_the_kernel_forms():
     """Split V doubles the attention core, the wide-V form takes 1.5x, one product is Eq. 1's count:
     the ceilings fall in that order, and the causal ones lie closer to 1 (maps are a smaller share)."""

@@ -68,7 +68,7 @@ def test_unknown_backend():
 
 
 @pytest.mark.parametrize(
-    "backend", ["math", "sdpa", "sdpa_padded", "blockwise", "blocks", "flash_attn", "auto"]
+    "backend", ["math", "sdpa", "sdpa_padded", "blockwise", "blocks", "combined", "flash_attn", "auto"]
 )
 @pytest.mark.parametrize("kv_heads", [6, 2, 1])
 def test_attend(fake_flash, backend, kv_heads):
@@ -82,7 +82,7 @@ def test_attend(fake_flash, backend, kv_heads):
 
 
 @pytest.mark.parametrize(
-    "backend", ["math", "sdpa", "sdpa_padded", "blockwise", "blocks", "flash_attn", "auto"]
+    "backend", ["math", "sdpa", "sdpa_padded", "blockwise", "blocks", "combined", "flash_attn", "auto"]
 )
 @pytest.mark.parametrize("kv_heads", [3, 1])
 def test_diff_attend(fake_flash, backend, kv_heads):

@@ -63,7 +63,7 @@ def run_both(module, reference, *, h_kv, lam_init, norm, rope):
 @pytest.mark.parametrize("lambda_init", ["exp_depth", "constant"])
 @pytest.mark.parametrize("per_head_norm", [True, False], ids=["norm", "no-norm"])
 @pytest.mark.parametrize(
-    "backend", ["math", "sdpa", "sdpa_padded", "blockwise", "blocks", "flash_attn", "auto"]
+    "backend", ["math", "sdpa", "sdpa_padded", "blockwise", "blocks", "combined", "flash_attn", "auto"]
 )
 @pytest.mark.parametrize("n_kv_heads", [None, 2], ids=["mha", "gqa"])
 def test_matches_equations(reference, fake_flash, n_kv_heads, backend, per_head_norm, lambda_init, position):

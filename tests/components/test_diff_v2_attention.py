@@ -16,7 +16,7 @@ from components.attention.diff_v2 import DiffV2Attention
 
 D_MODEL, HEAD_DIM = 64, 8  # h = 8 output heads (16 query heads of width 8) with heads_mult 1
 BATCH, SEQ = 2, 9
-BACKENDS = ["math", "sdpa", "sdpa_padded", "blockwise", "blocks", "flash_attn", "auto"]
+BACKENDS = ["math", "sdpa", "sdpa_padded", "blockwise", "blocks", "combined", "flash_attn", "auto"]
 
 
 def make(*, backend="math", n_kv_heads=None, heads_mult=1.0, position="rope", seed=0) -> DiffV2Attention:
