@@ -160,7 +160,7 @@ def test_no_n_by_n_map_is_kept_for_backward(backend):
 def test_auto_on_cpu_picks_what_measured_fastest(fake_flash, monkeypatch):
     """Diff on CPU: blockwise in bf16 and for float32 sub-heads of 64, sdpa_padded for thinner float32
     sub-heads (benchmarks/NOTES.md); softmax attention: SDPA, but the query blocks for bf16 heads of 64
-    without AMX; CUDA: flash-attn for half precision."""
+    without AMX; CUDA: flash-attn for half precision, else one SDPA kernel (flash, memory-efficient)."""
     cpu = torch.device("cpu")
     for amx in (True, False):  # bf16 sub-heads of 16: the fused forward wins on both kinds of CPU
         assert backends.resolve("auto", cpu, torch.bfloat16, diff=True, head_dim=16, amx=amx) == "blockwise"
@@ -188,9 +188,11 @@ def test_auto_on_cpu_picks_what_measured_fastest(fake_flash, monkeypatch):
     wide = build("attention", {"name": "softmax"}, d_model=128, head_dim=64)
     assert wide.resolved_backend(cpu, torch.bfloat16) == ("sdpa" if backends.cpu_has_amx() else "blocks")
     assert backends.resolve("auto", CUDA, torch.bfloat16, diff=True) == "flash_attn"
-    assert backends.resolve("auto", CUDA, torch.float32, diff=True) == "sdpa"
+    # CUDA without flash-attn (or in float32): SDPA held to one fused kernel by dtype and width
+    assert backends.resolve("auto", CUDA, torch.float32, diff=True) == "sdpa_efficient"
     monkeypatch.setitem(sys.modules, "flash_attn", None)
-    assert backends.resolve("auto", CUDA, torch.bfloat16, diff=True) == "sdpa"
+    assert backends.resolve("auto", CUDA, torch.bfloat16, diff=True) == "sdpa_flash"
+    assert backends.resolve("auto", CUDA, torch.bfloat16, diff=True, head_dim=264) == "sdpa_efficient"
     for name in ("math", "sdpa", "sdpa_padded", "blockwise", "blocks", "flash_attn"):
         assert backends.resolve(name, cpu, torch.float32, diff=True, head_dim=16) == name
     module = build("attention", {"name": "diff"}, d_model=32, head_dim=4)
