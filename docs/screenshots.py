@@ -26,8 +26,8 @@ FLAGS = (
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--window-size=1500,900",
 )
+WINDOW = "--window-size=1500,900"
 SETTLE_S = 5  # after the runs' names render, for the charts to draw
 
 
@@ -39,7 +39,7 @@ def take(url: str, out: Path, timeout: float = 180.0) -> list[Path]:
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or shutil.which("chromium-browser") or "chromium"
     profile = tempfile.mkdtemp(prefix="ablate-chromium-")
-    for flag in (*FLAGS, f"--user-data-dir={profile}"):
+    for flag in (*FLAGS, WINDOW, f"--user-data-dir={profile}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(
         service=Service(shutil.which("chromedriver") or "chromedriver"), options=options

@@ -7,9 +7,11 @@ missing. Waits are for what the page renders, with generous hang guards.
 from __future__ import annotations
 
 import os
+import runpy
 import shutil
 import signal
 import tempfile
+from pathlib import Path
 
 import pytest
 from test_ui import _read_until, _start_ui
@@ -23,6 +25,8 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="no chromium/chromedriver on PATH"),
 ]
+# Headless Chromium's flags, the ones docs/screenshots.py takes the README's pictures with
+CHROMIUM_FLAGS = runpy.run_path(str(Path(__file__).parents[2] / "docs" / "screenshots.py"))["FLAGS"]
 GENAI_PAGES = ("Sessions", "Judges", "Prompts", "Agent versions")  # MLflow's GenAI sidebar, not training's
 
 
@@ -34,18 +38,7 @@ def browser():
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     profile = tempfile.mkdtemp(prefix="ablate-chromium-")
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={profile}",
-        "--window-size=1600,1000",
-    ):
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1600,1000"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
