@@ -226,10 +226,15 @@ class RunSpec:
     @functools.cached_property
     def key(self) -> str:
         """A stable hash of everything that defines the run (its identity across resumes)."""
+        return self.identity()
+
+    def identity(self, *, without: tuple[str, ...] = ()) -> str:
+        """The hash behind `key`, with the `train` keys in `without` left out (`stable_key`: runs that
+        differ only in their length share their stable phase)."""
         train = {
             k: v
             for k, v in self.config["train"].items()
-            if k not in KEYS_ADDED_LATER or v != KEYS_ADDED_LATER[k]
+            if k not in without and (k not in KEYS_ADDED_LATER or v != KEYS_ADDED_LATER[k])
         }  # keys added later count only away from their defaults (ablate.core.config.KEYS_ADDED_LATER)
         ident = {
             "recipe": self.recipe,

@@ -16,7 +16,6 @@ fresh run of its budget, the same numbers at the full price.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -61,16 +60,7 @@ def branch_checkpoint(workspace: Path, branch: RunSpec) -> Path:
 def stable_key(run: RunSpec) -> str:
     """A hash of everything that defines the run but its length (`train.steps`): runs of one (variant,
     size, seed) that differ only in their budget share it, and so share their stable phase."""
-    train = {k: v for k, v in run.config["train"].items() if k != "steps"}
-    ident = {
-        "recipe": run.recipe,
-        "variant": run.variant,
-        "scale": run.scale,
-        "seed": run.seed,
-        "size": run.size,
-        "config": {**run.config, "train": train},
-    }
-    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return run.identity(without=("steps",))
 
 
 def stable_folder(workspace: Path, run: RunSpec) -> Path:
