@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 from pathlib import Path
 
 import torch
 
-from ablate.hardware.device import device_ops
+from ablate.hardware.device import device_ops, median_ms
 from components.attention import blockwise
 from components.attention.backends import attend, diff_attend_maps, resolve
 
@@ -57,13 +56,7 @@ def softmax_core_ms(
     def step() -> None:
         attend(q, k, v, backend=backend).backward(grad)
 
-    step()
-    times = []
-    for _ in range(rounds):
-        start = ops.now()
-        step()
-        times.append(ops.now() - start)
-    return 1000 * statistics.median(times)
+    return median_ms(ops, step, rounds)
 
 
 def core_ms(backend: str, d: int, h: int, batch: int, n: int, dtype: torch.dtype, rounds: int) -> float:
@@ -83,13 +76,7 @@ def core_ms(backend: str, d: int, h: int, batch: int, n: int, dtype: torch.dtype
             out = diff_attend_maps(q, k, v, lam, backend=backend)
         out.backward(grad)
 
-    step()  # warm-up: kernels chosen, buffers allocated
-    times = []
-    for _ in range(rounds):
-        start = ops.now()
-        step()
-        times.append(ops.now() - start)
-    return 1000 * statistics.median(times)
+    return median_ms(ops, step, rounds)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -100,6 +101,18 @@ def default_device(cuda: Any = None) -> str:
     """CUDA when present (what the recipes' `accelerator: auto` trains on), else the CPU."""
     cuda = torch.cuda if cuda is None else cuda
     return "cuda" if cuda.is_available() else "cpu"
+
+
+def median_ms(ops: DeviceOps, step: Callable[[], Any], rounds: int) -> float:
+    """Median wall time in ms of `step()` over `rounds` calls on `ops`'s device, after one warm-up call
+    (kernels chosen, buffers allocated); the benchmark scripts' timer."""
+    step()
+    times = []
+    for _ in range(rounds):
+        start = ops.now()
+        step()
+        times.append(ops.now() - start)
+    return 1000 * statistics.median(times)
 
 
 def device_ops(device: str | None = None, *, cuda: Any = None, key: str = "--device") -> DeviceOps:

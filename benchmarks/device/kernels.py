@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import csv
 import json
-import statistics
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ablate.core.errors import UserError
-from ablate.hardware.device import device_ops
+from ablate.hardware.device import device_ops, median_ms
 from components.attention import backends
 
 TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 3e-2}  # relative Frobenius error, outputs and gradients
@@ -108,13 +107,7 @@ def time_one(kind, backend, dtype, device, n, d, heads, rounds) -> float:
     def step():
         run(kind, backend, q, k, v, lam).sum().backward()
 
-    step()
-    times = []
-    for _ in range(rounds):
-        start = ops.now()
-        step()
-        times.append(ops.now() - start)
-    return 1000 * statistics.median(times)
+    return median_ms(ops, step, rounds)
 
 
 def main(out: Path, device_name: str, dry: bool) -> None:
