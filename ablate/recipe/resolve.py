@@ -624,7 +624,10 @@ def resolved_recipe(recipe: Recipe, scale: str | None = None) -> dict[str, Any]:
         set_dotted(base, path, value, key=f"base.{path}")
     sizes = recipe.sizes(scale)
     variants: dict[str, Any] = {}
+    chosen = {r.variant for r in runs}  # a scale's `variants:` may pick some of the recipe's
     for key, variant in raw["variants"].items():
+        if key not in chosen:
+            continue
         entry = {k: v for k, v in variant.items() if k not in SECTIONS}
         if sizes:
             overlay = {s: dict(variant.get(s) or {}) for s in SECTIONS}
@@ -655,6 +658,9 @@ def resolved_recipe(recipe: Recipe, scale: str | None = None) -> dict[str, Any]:
         out["sizes"] = sizes
     if raw.get("launcher"):  # where the workers run: kept as resolved (ablate.core.launcher)
         out["launcher"] = dataclasses.asdict(recipe.file.launcher)
+    budgets = recipe.budgets(scale)
+    if budgets is not None:  # every budget a branch of the longest run (ablate.recipe.budgets)
+        out["budgets"] = dataclasses.asdict(budgets)
     if scale != "paper":
         out["scales"] = {scale: {}}
     return out
