@@ -21,7 +21,12 @@ class SlurmOptions:
     Attributes:
         partition: partition to submit to (default: the cluster's default partition)
         time_min: time limit of each worker job, in minutes; a job out of time is requeued and goes on
-        gpus_per_worker: GPUs each worker job gets (a trial asking for several devices, DDP, needs as many)
+        gpus_per_worker: GPUs each worker job gets on each of its nodes (a trial asking for several devices,
+            DDP, needs as many)
+        tasks_per_node: processes each worker job runs on each of its nodes (`--ntasks-per-node`): 1, or
+            one per device of a DDP trial (its `train.devices`). Task 0 claims the trials; every task trains
+            each of them as one DDP rank, placed by Slurm (Lightning's SLURMEnvironment)
+        nodes_per_worker: nodes of each worker job (`--nodes`): a trial's `train.num_nodes`
         cpus_per_worker: CPU cores each worker job gets
         mem_gb: memory of each worker job in GB (default: the partition's)
         account: account to charge
@@ -35,6 +40,8 @@ class SlurmOptions:
     partition: str | None = None
     time_min: PositiveInt = 60
     gpus_per_worker: NonNegativeInt = 0
+    tasks_per_node: PositiveInt = 1
+    nodes_per_worker: PositiveInt = 1
     cpus_per_worker: PositiveInt = 1
     mem_gb: PositiveInt | None = None
     account: str | None = None

@@ -11,6 +11,13 @@ current step and is handed back to the study, then the task requeues itself (`sc
 next start (or any other worker) resumes the trial from that step. A task killed with no warning leaves its
 trial RUNNING; the study's liveness rule (`ablate.sweep.run.is_stale`) retries it.
 
+A worker of several tasks (`tasks_per_node` x `nodes_per_worker`, for DDP trials of that many processes):
+srun starts every task; task 0 is the `ablate worker` and the others follow it, training each of its runs
+as their Slurm rank (`ablate.train.rank.follow`; Lightning's SLURMEnvironment reads SLURM_NTASKS and
+SLURM_PROCID). srun's `--kill-on-bad-exit` ends every task when one fails. The warning signal is not
+armed there (a checkpoint in DDP is a step all ranks must take together): a warned or killed multi-task
+worker leaves its trial to the liveness rule, which resumes it from its last validation checkpoint.
+
 submitit writes the sbatch script, the job array and the per-task logs (`<workspace>/slurm/`); its own
 signal handling and job watching (through `sacct`, which many clusters do not run) are not used: progress
 is read from the study, which knows more (`ablate status`).
@@ -101,6 +108,22 @@ def check_cluster_stores(ctx: SweepContext, nodes: int) -> None:
         )
 
 
+def check_tasks(ctx: SweepContext, options: SlurmOptions) -> None:
+    """Each worker job's tasks are one trial's DDP processes: every run must ask for as many (Lightning
+    checks devices against --ntasks-per-node and num_nodes against --nodes)."""
+    if tasks_of(options) == 1:
+        return
+    for run in ctx.runs.values():
+        cfg = run.train
+        if (cfg.devices, cfg.num_nodes) != (options.tasks_per_node, options.nodes_per_worker):
+            raise UserError(
+                f"launcher.slurm.tasks_per_node: {options.tasks_per_node} tasks on each of "
+                f"{options.nodes_per_worker} node(s) per worker, but run {run.name} trains on "
+                f"train.devices {cfg.devices} x train.num_nodes {cfg.num_nodes}; set them alike (each task "
+                "is one DDP process of a trial)"
+            )
+
+
 def submit_workers(
     ctx: SweepContext, workers: int, options: SlurmOptions, main: Callable[[list[str]], int], argv: list[str]
 ) -> Submitted:
@@ -115,7 +138,8 @@ def submit_workers(
         job_name=f"ablate-{ctx.study_name}",
         time=options.time_min,
         cpus_per_task=options.cpus_per_worker,
-        ntasks_per_node=1,
+        ntasks_per_node=options.tasks_per_node,
+        nodes=options.nodes_per_worker,
         signal_delay_s=options.signal_delay_s,
         array_parallelism=options.array_parallelism or workers,
         setup=[f"export OMP_NUM_THREADS={options.cpus_per_worker}"],
@@ -123,6 +147,8 @@ def submit_workers(
     )
     if options.gpus_per_worker:
         parameters["gpus_per_node"] = options.gpus_per_worker
+    if tasks_of(options) > 1:
+        parameters["srun_args"] = ["--kill-on-bad-exit=1"]
     for name in ("partition", "account", "qos"):
         if getattr(options, name):
             parameters[name] = getattr(options, name)
@@ -130,7 +156,7 @@ def submit_workers(
         parameters["mem"] = f"{options.mem_gb}GB"
     executor.update_parameters(**parameters)
     try:
-        jobs = executor.map_array(SlurmWorker(main, list(argv)), range(workers))
+        jobs = executor.map_array(SlurmWorker(main, list(argv), str(folder / "ranks")), range(workers))
     except Exception as e:  # sbatch refused (unknown partition, account, option): the user's to fix
         raise UserError(
             f"--launcher: slurm: sbatch refused the job array: {' '.join(str(e).split())[:400]}"
@@ -146,14 +172,36 @@ class SlurmWorker:
 
     main: Callable[[list[str]], int]
     argv: list[str]
+    ranks: str | None = None  # where task 0 of a multi-task worker hands its runs to the other tasks
 
     def __call__(self, index: int) -> int:
-        return run_worker(self.main, self.argv)
+        return run_worker(self.main, self.argv, self.ranks)
 
 
-def run_worker(main: Callable[[list[str]], int], argv: list[str]) -> int:
+def tasks_of(options: SlurmOptions) -> int:
+    return options.tasks_per_node * options.nodes_per_worker
+
+
+def run_worker(main: Callable[[list[str]], int], argv: list[str], ranks: str | None = None) -> int:
     from ablate.sweep import preemption
+    from ablate.train.launch import RANK_SPECS, publish_spec
 
+    if int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1 and ranks:
+        # One folder per start of this task (a requeued task starts again under the same job id).
+        run = f"{os.environ.get('SLURM_JOB_ID', '0')}-{os.environ.get('SLURM_RESTART_COUNT', '0') or '0'}"
+        folder = Path(ranks) / run
+        if int(os.environ.get("SLURM_PROCID", "0")) != 0:
+            from ablate.train.rank import follow
+
+            return follow(folder)
+        os.environ[RANK_SPECS] = str(folder)
+        try:
+            code = main(argv)
+        finally:
+            publish_spec(folder, None)  # the followers stop
+        if code:
+            raise SystemExit(code)
+        return code
     preemption.arm()
     try:
         code = main(argv)
@@ -180,6 +228,7 @@ def launch(
     """Check Slurm and the stores now; return what submits the worker array for a study (and, with
     `wait`, waits for its trials: True when they all finished, for the caller to report)."""
     sbatch_extras(options)  # a malformed line is refused now, before anything is enqueued
+    check_tasks(ctx, options)
     check_cluster_stores(ctx, check_slurm(options))
 
     def submit(study: Any) -> bool:

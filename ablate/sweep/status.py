@@ -1,9 +1,16 @@
-"""`ablate status`: how far a sweep is, read from its study alone (no MLflow, nothing written).
+"""`ablate status`: how far a sweep is, read from its study and, for running trials, their MLflow runs
+(nothing written).
 
 Trials by plan: finished, running (where: host, Slurm job, devices, last heartbeat), waiting and failed
 for good (diverged); attempts handed back (preempted, interrupted, worker died) are counted apart, since
-their retry is one of the others. Tokens are the finished runs' planned tokens; the ETA is the mean
-duration of a finished trial times the unfinished plans, over the workers running now.
+their retry is one of the others.
+
+Tokens are counted as the printed plan counts them (`ablate.sweep.estimate.trained_tokens`: the run to its
+largest budget plus each smaller budget's cooldown): all of a finished trial's, and of a running trial
+what its MLflow runs have logged so far (the `tokens` metric of the last logged step, per budget's run).
+The ETA is the tokens left over the measured rate of one worker (a finished trial's tokens over its
+duration; before any trial finished, a running trial's tokens so far over its time so far) times the
+workers running now.
 """
 
 from __future__ import annotations
@@ -12,11 +19,42 @@ import time
 from typing import Any
 
 from ablate.core.tables import format_seconds, markdown_table, si
-from ablate.store.study import SweepContext, is_settled, progress_counts, trial_plan
+from ablate.recipe.resolve import RunSpec
+from ablate.store import tracking
+from ablate.store.study import SweepContext, is_settled, plan_key, progress_counts, trial_plan
 
 
-def status_report(ctx: SweepContext, study: Any, now: float | None = None) -> str:
+def running_tokens(client: Any, run: RunSpec) -> int:
+    """Tokens the trial of `run` has trained so far, by its MLflow runs (the longest run's, then each
+    smaller budget's cooldown from its branch point): a finished one counts whole, a running one up to the
+    `tokens` metric of its last logged step; one not started yet counts nothing."""
+    experiment = client.get_experiment_by_name(tracking.experiment_name(run.recipe, run.scale))
+    if experiment is None:
+        return 0
+    done = 0
+    for part in (run, *run.branches()):
+        found = [
+            r
+            for r in tracking.find_runs(client, experiment.experiment_id, part.key)
+            if r.info.status in ("FINISHED", "RUNNING", "SCHEDULED")
+        ]
+        if not found:
+            continue
+        latest = found[0]
+        steps = part.train.steps
+        if latest.info.status != "FINISHED":
+            steps = min(steps, int(latest.data.metrics.get("tokens", 0)) // part.train.batch_tokens)
+        start = 0 if part is run else part.train.cooldown_start  # a branch trains only its cooldown
+        done += max(0, steps - start) * part.train.batch_tokens
+    return done
+
+
+def status_report(ctx: SweepContext, study: Any, now: float | None = None, client: Any = None) -> str:
+    """The status text; `client`: the MLflow client to read running trials' progress from (default: the
+    sweep's tracking store, opened only when a trial is running)."""
     from optuna.trial import TrialState
+
+    from ablate.sweep.estimate import trained_tokens  # the plan's count: one definition of a trial's tokens
 
     now = time.time() if now is None else now
     trials = study.get_trials(deepcopy=False)
@@ -28,28 +66,50 @@ def status_report(ctx: SweepContext, study: Any, now: float | None = None) -> st
     waiting = [t for t in trials if t.state == TrialState.WAITING]
     handed_back = [t for t in trials if t.state == TrialState.FAIL and not is_settled(t)]
 
-    def tokens(trial: Any) -> int:
-        run = ctx.run_for_plan(trial_plan(trial))
-        return run.train.steps * run.train.batch_tokens
+    def run_of(trial: Any) -> RunSpec:
+        return ctx.run_for_plan(trial_plan(trial), dict(trial.params))
 
-    all_tokens = sum(
-        ctx.run_for_plan(p).train.steps * ctx.run_for_plan(p).train.batch_tokens for p in ctx.plans()
-    )
-    done_tokens = sum(tokens(t) for t in finished)
-    _, total, durations = progress_counts(study)
+    all_tokens = sum(trained_tokens(ctx.run_for_plan(p)) for p in ctx.plans())
+    finished_tokens = {t.number: trained_tokens(run_of(t)) for t in finished}
+    progress: dict[int, int] = {}
+    if running:
+        try:
+            client = client or tracking.client_for(ctx.workspace, ctx.tracking_uri)
+            progress = {t.number: running_tokens(client, run_of(t)) for t in running}
+        except Exception:  # the tracking store is unreachable: running trials count nothing yet
+            progress = {}
+    done_tokens = sum(finished_tokens.values()) + sum(progress.values())
+    left_tokens = sum(
+        trained_tokens(ctx.run_for_plan(p)) for p in ctx.plans() if plan_key(p) not in settled
+    ) - sum(progress.values())
+
+    # tokens per second of one worker: finished trials' when there are any, else running trials' so far
+    spans = [
+        (finished_tokens[t.number], (t.datetime_complete - t.datetime_start).total_seconds())
+        for t in finished
+        if t.datetime_complete and t.datetime_start
+    ]
+    if not spans:
+        spans = [
+            (progress[t.number], now - t.datetime_start.timestamp())
+            for t in running
+            if progress.get(t.number) and t.datetime_start
+        ]
+    rates = [tokens / seconds for tokens, seconds in spans if seconds > 0]
+    _, total, _ = progress_counts(study)
     left = len(plans) - len(settled)
     eta = "-"
     if left == 0:
         eta = "done"
-    elif durations and running:
-        eta = format_seconds(left * (sum(durations) / len(durations)) / len(running))
+    elif rates and running:
+        eta = format_seconds(max(0, left_tokens) / (sum(rates) / len(rates)) / len(running))
     lines = [
         f"sweep {ctx.study_name}: {len(finished)}/{total} trials finished, {len(running)} running, "
         f"{len(waiting)} waiting, {len(failed)} failed (diverged); {len(handed_back)} attempts handed back "
         f"(preempted, interrupted or worker died) and retried",
         f"tokens: {si(done_tokens)} of {si(all_tokens)} done; ETA {eta}"
         + (
-            " (at the finished trials' mean duration, over the workers running now)"
+            " (at the tokens/s one worker measured, over the workers running now)"
             if eta not in ("-", "done")
             else ""
         ),
@@ -62,7 +122,7 @@ def status_report(ctx: SweepContext, study: Any, now: float | None = None) -> st
             rows.append(
                 [
                     t.number,
-                    ctx.run_for_plan(trial_plan(t)).name,
+                    run_of(t).name,
                     attrs.get("worker_host", "?"),
                     attrs.get("slurm_job", "-"),
                     attrs.get("devices", "-"),

@@ -14,6 +14,11 @@ Multi-node: run the same `ablate train` command on every node with MASTER_ADDR, 
 set (Lightning's convention). Global rank 0 (node 0, local rank 0) is the only process that writes to
 MLflow and result files. Processes started by torchrun (LOCAL_RANK / RANK set) or by SLURM's srun are
 taken as they are: nothing is spawned, Lightning reads their environment.
+
+A sweep worker that is several Slurm tasks (`launcher.slurm.tasks_per_node`, `nodes_per_worker`) has its
+task 0 claim the trials; the others follow it (`ablate.train.rank.follow`): before each training task 0
+writes the run as the next numbered spec in the folder `RANK_SPECS` names (`0.json`, `1.json`, ...; a
+`done` spec when the worker stops), and each follower trains it as its Slurm rank.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from ablate.core.errors import UserError
+
+RANK_SPECS = "ABLATE_RANK_SPECS"  # the folder where a Slurm worker's task 0 hands its runs to the others
 
 
 def world_size(cfg: Any) -> int:
@@ -103,6 +110,8 @@ def local_ranks(run: Any, workspace: Path, folder: Path) -> Iterator[list[Any]]:
     Trainer plugins to pass, and on the way out tear down the process group and reap the ranks."""
     cfg = run.train
     if world_size(cfg) == 1 or launched_externally():
+        if world_size(cfg) > 1 and os.environ.get(RANK_SPECS) and global_rank(cfg) == 0:
+            publish_spec(Path(os.environ[RANK_SPECS]), run.to_json(), workspace)
         yield []
         return
     if cfg.num_nodes > 1:
@@ -145,6 +154,17 @@ def local_ranks(run: Any, workspace: Path, folder: Path) -> Iterator[list[Any]]:
         spec.unlink(missing_ok=True)
     if any(codes):
         raise RuntimeError(f"local ranks 1..{cfg.devices - 1} exited with codes {codes}")
+
+
+def publish_spec(folder: Path, run: dict[str, Any] | None, workspace: Path | None = None) -> Path:
+    """Task 0 of a multi-task worker: the next numbered spec for the followers (`run` None: stop), written
+    to a temporary name and renamed, so a follower never reads half a file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    n = len(list(folder.glob("*.json")))
+    spec = {"done": True} if run is None else {"run": run, "workspace": str(Path(workspace).resolve())}
+    partial = folder / f"{n}.json.partial"
+    partial.write_text(json.dumps(spec))
+    return partial.replace(folder / f"{n}.json")
 
 
 def _reap(procs: list[subprocess.Popen], kill: bool, timeout: float = 60.0) -> list[int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from ablate.recipe.resolve import RunSpec
@@ -27,6 +28,27 @@ def main(argv: list[str]) -> int:
         print(f"[rank {os.environ.get('LOCAL_RANK')}] {e}", file=sys.stderr)
         return 3
     return 0
+
+
+def follow(folder: Path, poll_s: float = 0.2) -> int:
+    """A Slurm task other than task 0 of a multi-task sweep worker (ablate.sweep.slurm): train each run task
+    0 publishes in `folder` (ablate.train.launch.publish_spec), as this task's rank, until it says done."""
+    n = 0
+    while True:
+        spec_file = folder / f"{n}.json"
+        if not spec_file.exists():
+            time.sleep(poll_s)
+            continue
+        spec = json.loads(spec_file.read_text())
+        if spec.get("done"):
+            return 0
+        run = RunSpec.from_json(spec["run"])
+        print(f"[rank {os.environ.get('SLURM_PROCID')}] training {run.name}", flush=True)
+        try:
+            train_rank(run, workspace=Path(spec["workspace"]))
+        except Diverged as e:  # task 0 marks the trial failed and goes on to the next: so does this rank
+            print(f"[rank {os.environ.get('SLURM_PROCID')}] {e}", file=sys.stderr, flush=True)
+        n += 1
 
 
 if __name__ == "__main__":

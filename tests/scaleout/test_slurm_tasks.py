@@ -1,0 +1,94 @@
+"""A sweep worker of several Slurm tasks trains each trial as DDP across them (`launcher.slurm.tasks_per_node`):
+on the one-node Slurm of the `slurm` fixture, a 1-task array of 2 tasks per worker runs a 2-process CPU DDP
+trial (gloo) through Lightning's SLURMEnvironment. The trial finishes once, its one MLflow run trained on 2
+devices, the second task trained it as rank 1, and its losses equal a local 2-process DDP run's. Several
+nodes take the same path (SLURM_PROCID over all nodes) but only several tasks on one node are tested here.
+Every wait is for an event; pytest's timeout is the hang guard."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import mlflow
+import optuna
+import pytest
+from optuna.trial import TrialState
+from scaleout_helpers import run_cli, write_recipe
+
+from ablate.core.errors import UserError
+from ablate.core.launcher import SlurmOptions
+from ablate.recipe.resolve import load_recipe
+from ablate.store.study import SweepContext, storage_for
+from ablate.store.tracking import tracking_uri_for
+from ablate.sweep.slurm import check_tasks
+
+pytestmark = pytest.mark.scaleout
+
+TOLERANCE = 1e-4  # tests/scaleout/test_ddp.py: the same 2-process split, launched two ways
+TRAIN = {"steps": 12, "val_every": 4, "val_batches": 4, "batch_tokens": 512, "log_every": 1}
+DDP = {"accelerator": "cpu", "devices": 2, "strategy": "ddp"}
+
+
+def _squeue(job: str) -> str:
+    return subprocess.run(["squeue", "--noheader", "--jobs", job], capture_output=True, text=True).stdout
+
+
+def _losses(workspace: Path) -> tuple[object, dict[str, dict[int, float]]]:
+    client = mlflow.MlflowClient(tracking_uri_for(workspace, None))
+    experiment = client.get_experiment_by_name("mini")
+    runs = [
+        r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("ablate.role") != "sweep"
+    ]
+    assert len(runs) == 1, f"{len(runs)} MLflow runs: only task 0 may open one"
+    history = {
+        key: {m.step: m.value for m in client.get_metric_history(runs[0].info.run_id, key)}
+        for key in ("train/loss", "val/loss")
+    }
+    return runs[0], history
+
+
+def test_a_worker_of_two_slurm_tasks_trains_its_trial_as_two_process_ddp(slurm, tmp_path):
+    recipe = write_recipe(
+        tmp_path,
+        variants={"diff": {"label": "Diff Transformer", "model": {"attention": {"name": "diff"}}}},
+        **{f"base__train__{k}": v for k, v in {**TRAIN, **DDP}.items()},
+    )
+    workspace = tmp_path / "ablate-runs"
+    args = ("sweep", str(recipe), "--launcher", "slurm", "--workers", "1", "--yes")
+    out = run_cli(*args, "--launcher.slurm.tasks_per_node", "2", cwd=tmp_path, check=True).stdout
+    array = re.search(r"submitted Slurm job array (\d+)", out).group(1)
+    logs = workspace / "slurm" / array
+    while _squeue(array).strip():  # the worker runs its one trial, then stops: an event
+        time.sleep(0.5)
+    shown = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(logs.glob("*_log.*")))
+
+    study = optuna.load_study(study_name="mini", storage=storage_for(None, workspace))
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.COMPLETE], shown  # the trial ran once
+    assert "training diff-s0" in shown  # task 1 followed task 0 and trained the run as its rank
+    run, slurm_losses = _losses(workspace)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["train.devices"] == "2" and run.data.params["train.strategy"] == "ddp"
+    assert sorted(slurm_losses["train/loss"]) == list(range(1, TRAIN["steps"] + 1))
+
+    local = tmp_path / "local"
+    run_cli("train", str(recipe), "--variant", "diff", "--workspace", str(local), cwd=tmp_path, check=True)
+    _, local_losses = _losses(local)
+    for key in ("train/loss", "val/loss"):
+        assert sorted(slurm_losses[key]) == sorted(local_losses[key]), key
+        worst = max(abs(slurm_losses[key][s] - local_losses[key][s]) for s in local_losses[key])
+        assert worst < TOLERANCE, (key, worst)
+
+
+def test_tasks_per_worker_must_match_each_runs_ddp_processes(tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path, base__train__devices=2, base__train__accelerator="cpu"), [])
+    ctx = SweepContext(recipe=recipe, scale=recipe.scale, seeds=[0], workspace=tmp_path / "ws")
+    check_tasks(ctx, SlurmOptions(tasks_per_node=2))
+    with pytest.raises(
+        UserError, match=r"^launcher.slurm.tasks_per_node: 2 tasks on each of 2 node\(s\) per"
+    ):
+        check_tasks(ctx, SlurmOptions(tasks_per_node=2, nodes_per_worker=2))
+    check_tasks(ctx, SlurmOptions())  # one task per worker: a trial's processes are spawned by ablate
