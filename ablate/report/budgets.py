@@ -10,7 +10,8 @@ Written beside the main table (which is the largest budget's):
   paired change of the gap per doubling [95% Student-t].
 - `trend.csv`: per row, the change of the gap over the last doubling, and the fitted curves' gap at 10x
   the largest budget (an extrapolation, with a paired seed bootstrap).
-- `time.csv`: the trials' time summed against the largest budget's runs' training time.
+- `time.csv`: what the budgets cost: training seconds and trained tokens of the runs from step 0, the
+  branches and the extension runs, against the tokens a study trained from step 0 would train.
 - `predicted_vs_measured.csv`, where the folder holds a `predictions.csv` written before the runs
   (`ablate.report.predict`): each predicted gap beside the measured one, and whether it held.
 - `gap_vs_tokens.png`: each row's gap against tokens (log axis), markers at the budgets, 95% band.
@@ -253,24 +254,77 @@ def plot_gaps(gaps: list[dict[str, Any]], order: list[str], path: Path, referenc
     return plot_style.save(fig, path, caption=caption)
 
 
+def trained_from(r: Any) -> tuple[str, int]:
+    """How a budget's run trained, from its tags: ("step 0", 0), ("branch", its cooldown start: a smaller
+    budget branched off the longest run) or ("extension", the step it continued from: a larger budget added
+    to a finished study, continued from the kept stable phase; ablate.train.branches)."""
+    if r.tags.get("ablate.branch_step"):
+        return "branch", int(r.tags["ablate.branch_step"])
+    if r.tags.get("ablate.continued_step"):
+        return "extension", int(r.tags["ablate.continued_step"])
+    return "step 0", 0
+
+
 def time_rows(study: Any, records: list[Any], seconds: dict[str, float]) -> list[dict[str, Any]]:
-    """What the budgets cost: the trials' time summed (Optuna: start to end of each completed trial,
-    training and bookkeeping), against the training time of the largest budget's runs alone."""
+    """What the budgets cost, in training seconds and in trained tokens: the runs from step 0, the
+    branches' cooldowns and the extension runs (`trained_from`), against what a study trained from step 0
+    at the same budgets trains (every largest-budget run from step 0, every other budget its cooldown).
+    The trials' time summed (Optuna: start to end of each completed trial, training and bookkeeping) is
+    given beside it."""
     from ablate.store.study import completed_spans
 
     trials = sum(
         (end - start).total_seconds() for start, end in completed_spans(study.get_trials(deepcopy=False))
     )
-    longest = sum(seconds.get(r.run_id, math.nan) for r in records if not r.branched_from)
-    branches = sum(seconds.get(r.run_id, math.nan) for r in records if r.branched_from)
+    train = {"step 0": 0.0, "branch": 0.0, "extension": 0.0}
+    trained_tokens = 0
+    extension_tokens = 0
+    families: dict[tuple[str, int], list[tuple[int, int, int]]] = defaultdict(list)  # (steps, tokens, start)
+    for r in records:
+        if r.state != "finished":
+            continue
+        kind, start = trained_from(r)
+        steps = int(r.tags.get("ablate.budget_steps", 0))
+        per_step = r.tokens // steps if steps else 0
+        train[kind] += seconds.get(r.run_id, math.nan)
+        trained_tokens += (steps - start) * per_step
+        extension_tokens += (steps - start) * per_step if kind == "extension" else 0
+        cooldown_start = start if kind == "branch" else None
+        families[(r.variant, r.seed)].append((steps, per_step, cooldown_start))
+    fresh = 0
+    for runs in families.values():
+        largest = max(runs)
+        fresh += largest[0] * largest[1]
+        starts = {steps: start for steps, _, start in runs if start is not None}
+        for steps, per_step, _ in runs:
+            if steps != largest[0]:
+                fresh += (steps - starts.get(steps, _cooldown_start_of(records, steps))) * per_step
+    total = sum(train.values())
     return [
         {
             "trials_seconds_summed": round(trials, 1),
-            "longest_runs_train_seconds": round(longest, 1),
-            "branch_runs_train_seconds": round(branches, 1),
-            "trials_over_longest_runs": round(trials / longest, 3) if longest else math.nan,
+            "train_seconds_summed": round(total, 1),
+            "longest_runs_train_seconds": round(train["step 0"], 1),
+            "branch_runs_train_seconds": round(train["branch"], 1),
+            "extension_runs_train_seconds": round(train["extension"], 1),
+            "train_over_step0_runs": round(total / train["step 0"], 3) if train["step 0"] else math.nan,
+            "trained_tokens": trained_tokens,
+            "extension_trained_tokens": extension_tokens,
+            "fresh_study_tokens": fresh,
         }
     ]
+
+
+def _cooldown_start_of(records: list[Any], steps: int) -> int:
+    """The cooldown start of a budget of `steps` steps: where any run branched at that budget did
+    (every row shares the budgets' schedule), else where a run extended from it continued."""
+    for r in records:
+        if int(r.tags.get("ablate.budget_steps", 0)) == steps and r.tags.get("ablate.branch_step"):
+            return int(r.tags["ablate.branch_step"])
+    for r in records:
+        if r.tags.get("ablate.continued_step"):
+            return int(r.tags["ablate.continued_step"])
+    return 0
 
 
 def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) -> list[Path]:
@@ -334,10 +388,7 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
         f"the largest budget, 95% percentile interval over paired resamples of seeds (with {len(seeds)} seeds "
         f"there are {math.comb(2 * len(seeds) - 1, len(seeds))} distinct resamples); it is a curve's "
         "prediction beyond the data, not a measurement.\n\n"
-        f"Cost: the trials took {cost['trials_seconds_summed'] / 60:.1f} min summed over workers; the largest "
-        f"budget's runs alone trained {cost['longest_runs_train_seconds'] / 60:.1f} min and the branches "
-        f"{cost['branch_runs_train_seconds'] / 60:.1f} min: all budgets cost {cost['trials_over_longest_runs']:.2f}x "
-        "the largest budget's runs (`time.csv`).\n\n"
+        + _cost_text(cost)
         + (checked[0] if checked else "")
         + f"## The gap at each budget\n\n{gap_table}\n\n{family_note}\n\n![gap vs tokens](gap_vs_tokens.png)\n\n"
         "## The table at each budget\n\n" + "\n\n".join(sections) + "\n"
@@ -360,6 +411,34 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
             plot_gaps(gaps, order, folder / "gap_vs_tokens.png", labels[order[0]] if order else "")
         )
     return written
+
+
+def _cost_text(cost: dict[str, Any]) -> str:
+    """The cost paragraph of `budgets.md` (every number from `time.csv`)."""
+    minutes = {k: cost[k] / 60 for k in cost if k.endswith("seconds") or k.endswith("seconds_summed")}
+    extension = (
+        f", the extension runs (continued from their kept stable phase) "
+        f"{minutes['extension_runs_train_seconds']:.1f} min"
+        if cost["extension_trained_tokens"]
+        else ""
+    )
+    text = (
+        f"Cost: training took {minutes['train_seconds_summed']:.1f} min summed over runs: the runs trained "
+        f"from step 0 {minutes['longest_runs_train_seconds']:.1f} min, the branches' cooldowns "
+        f"{minutes['branch_runs_train_seconds']:.1f} min{extension}; {cost['train_over_step0_runs']:.2f}x "
+        f"the runs from step 0. Trained tokens: {si(cost['trained_tokens'])}, where a study trained from "
+        f"step 0 at the same budgets trains {si(cost['fresh_study_tokens'])}"
+    )
+    if cost["extension_trained_tokens"]:
+        share = cost["extension_trained_tokens"] / cost["fresh_study_tokens"]
+        text += (
+            f"; the extension trained {si(cost['extension_trained_tokens'])} of them "
+            f"({share:.1%} of a fresh study's)"
+        )
+    return text + (
+        f". The trials (training and bookkeeping) took {minutes['trials_seconds_summed']:.1f} min summed over "
+        "workers (`time.csv`).\n\n"
+    )
 
 
 def _predictions_section(folder: Path, gaps: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]] | None:

@@ -224,7 +224,8 @@ def test_a_budgeted_sweep_reports_every_budget_the_gap_and_its_trend(tmp_path, c
     assert text.count("### ") == 3 and "per doubling" in text and "Extrapolation" in text
     assert (folder / "gap_vs_tokens.png").stat().st_size > 0
     (cost,) = list(csv.DictReader(open(folder / "time.csv")))
-    assert float(cost["trials_over_longest_runs"]) > 1.0
+    assert float(cost["train_over_step0_runs"]) > 1.0 and float(cost["extension_runs_train_seconds"]) == 0
+    assert int(cost["trained_tokens"]) == int(cost["fresh_study_tokens"])  # no extension: a fresh study
 
     readme = folder / "README.md"
     (files_line,) = [line for line in readme.read_text().splitlines() if line.startswith("- files: ")]

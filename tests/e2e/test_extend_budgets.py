@@ -92,6 +92,18 @@ def test_an_extended_budgeted_study_trains_only_the_new_steps_and_matches_a_fres
             )
     rows = list(csv.DictReader(open(rep / "mini" / "budgets.csv")))
     assert sorted((r["variant"], int(r["tokens"]) // 256) for r in rows) == sorted(grown)
+    # the cost, in tokens of 256: a fresh study trains 16 steps and the cooldowns of 8 (from 6) and 4
+    # (from 3); the short study trained 8 + 1, the extension 10 (steps 7-16)
+    (cost,) = list(csv.DictReader(open(rep / "mini" / "time.csv")))
+    (fresh_cost,) = list(csv.DictReader(open(tmp_path / "fresh-rep" / "mini" / "time.csv")))
+    assert int(cost["extension_trained_tokens"]) == 10 * 256
+    assert int(cost["trained_tokens"]) == int(cost["fresh_study_tokens"]) == (16 + 2 + 1) * 256
+    assert int(fresh_cost["fresh_study_tokens"]) == int(fresh_cost["trained_tokens"]) == (16 + 2 + 1) * 256
+    assert int(fresh_cost["extension_trained_tokens"]) == 0
+    assert (
+        "the extension trained 2.56K of them (52.6% of a fresh study's)"
+        in (rep / "mini" / "budgets.md").read_text()
+    )
 
     # anything but the budgets changed is a new study: refused in one line naming the key
     other = write_recipe(tmp_path, "lr.yaml", budgets={"steps": [4, 8, 16, 32]}, base__train__lr=1e-3, **WSD)
