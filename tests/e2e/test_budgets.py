@@ -128,7 +128,8 @@ def test_a_killed_budgeted_sweep_resumes_without_retraining_a_finished_budget(tm
         done = [p for p in runs.glob("*/result.json")]
         if done:
             longest = done[0].parent
-            branch = next(p for p in runs.iterdir() if p != longest)
+            # the other run's folder; not `stable/`, the stable phase's kept checkpoints beside them
+            branch = next(p for p in runs.iterdir() if p not in (longest, runs / "stable"))
             if (branch / "checkpoints" / "best.ckpt").exists():  # its first validation: mid-cooldown
                 break
         assert proc.poll() is None, "the sweep ended before it could be killed"
