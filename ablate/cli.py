@@ -25,9 +25,12 @@ import types
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ablate.core.errors import UserError
+
+if TYPE_CHECKING:
+    from ablate.store.stores import Stores
 
 DEFAULT_WORKSPACE = "ablate-runs"
 PRINT_CONFIG = ("--print_config", "--print-config")
@@ -63,9 +66,12 @@ class Shared:
         return Path(self.workspace)
 
     @property
-    def tracking(self) -> str | None:
-        """`tracking_uri`, checked (one line when MLflow cannot use it)."""
-        return tracking_uri_checked(self.tracking_uri)
+    def stores(self) -> Stores:
+        """Where the verb's records live: the workspace, `tracking_uri` (checked: one line when MLflow
+        cannot use it) and `storage`."""
+        from ablate.store.stores import Stores
+
+        return Stores(self.workspace_path, tracking_uri_checked(self.tracking_uri), self.storage)
 
 
 def shared(*names: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
@@ -184,7 +190,7 @@ def train(
             )
         runs = [r for r in runs if r.size == size]
     (run,) = runs
-    for result in train_budgets(run, workspace=opts.workspace_path, tracking_uri=opts.tracking):
+    for result in train_budgets(run, opts.stores):
         print(result.summary())  # the run, then each smaller budget's branch (ablate.recipe.budgets)
     return 0
 
@@ -250,11 +256,12 @@ def sweep(
 
 def _print_ui_link(ctx: Any, opts: Shared) -> None:
     """How to open the sweep's runs in the MLflow UI: the command, and the link to its comparison view."""
-    from ablate.store.tracking import sweep_runs_url
+    from ablate.store.stores import sweep_runs_url
 
     ui = "ablate ui" + (f" --workspace {opts.workspace}" if opts.workspace != DEFAULT_WORKSPACE else "")
-    served = ctx.tracking_uri if (ctx.tracking_uri or "").startswith("http") else "http://127.0.0.1:5000"
-    url = sweep_runs_url(ctx.workspace, ctx.tracking_uri, ctx.recipe.name, ctx.scale, served) or served
+    uri = ctx.stores.tracking_uri or ""
+    served = uri if uri.startswith("http") else "http://127.0.0.1:5000"
+    url = sweep_runs_url(ctx.stores, ctx.recipe.name, ctx.scale, served) or served
     print(f"MLflow UI: {ui}  -> {url}")
 
 
@@ -387,10 +394,8 @@ def fit(
         loaded = _load(recipe, overrides, opts.scale)
         written = run_fit_recipe(
             loaded,
+            opts.stores,
             scale=loaded.scale,
-            workspace=opts.workspace_path,
-            tracking_uri=opts.tracking,
-            storage_url=opts.storage,
             form=form,
             out=Path(out) if out else None,
             n_boot=bootstrap,
@@ -510,11 +515,9 @@ def evaluate(
     )  # the recipe's eval section at this scale fills what the command line leaves out
     run_eval(
         loaded,
+        opts.stores,
         scale=scale,
         probes=probes or config.probes,
-        workspace=opts.workspace_path,
-        tracking_uri=opts.tracking,
-        storage_url=opts.storage,
         checkpoint=checkpoint or config.checkpoint,
         reports=Path(opts.reports),
         tokens=tokens,
@@ -533,7 +536,7 @@ def ui(host: str = "127.0.0.1", port: int = 5000, **options: Any) -> int:
     from ablate.store.server import serve_ui
 
     opts = Shared(**options)
-    return serve_ui(opts.workspace_path, opts.tracking, host=host, port=port)
+    return serve_ui(opts.stores, host=host, port=port)
 
 
 @shared("workspace")
@@ -633,9 +636,7 @@ def _sweep_context(
         recipe=loaded,
         scale=loaded.scale,
         seeds=opts.seeds or loaded.seeds,
-        workspace=opts.workspace_path,
-        tracking_uri=opts.tracking,
-        storage_url=opts.storage,
+        stores=opts.stores,
         search=load_search_spec(search) if search else SearchSpec(),
         search_path=search,
         grace_period=grace_period,

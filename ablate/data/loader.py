@@ -12,6 +12,8 @@ Validation is `n_batches` micro-batches of non-overlapping windows spread evenly
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
@@ -65,8 +67,9 @@ def this_workers_share(indices: range) -> range:
     return indices[info.id :: info.num_workers] if info is not None else indices
 
 
-class TrainBatches(IterableDataset):
-    """Train micro-batches `start, start + 1, ...` (up to `stop`, or forever) as an IterableDataset.
+class MicroBatchStream(IterableDataset):
+    """Train micro-batches `start, start + 1, ...` (up to `stop`, or forever) as an IterableDataset; a
+    subclass says what micro-batch `i` is (`batch`), from its own source (a corpus's tokens, a task).
 
     Use it with `DataLoader(ds, batch_size=None)`. With `world_size` > 1, rank r takes micro-batches
     start + r, start + r + world_size, ...; DataLoader workers split a rank's share round-robin, which the
@@ -75,7 +78,6 @@ class TrainBatches(IterableDataset):
 
     def __init__(
         self,
-        tokens: np.ndarray,
         *,
         seq_len: int,
         micro_batch_size: int,
@@ -85,11 +87,14 @@ class TrainBatches(IterableDataset):
         rank: int = 0,
         world_size: int = 1,
     ):
-        _check_sizes(len(tokens), seq_len, micro_batch_size, "train")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} not in [0, {world_size})")
-        self.tokens, self.seq_len, self.micro_batch_size, self.seed = tokens, seq_len, micro_batch_size, seed
+        self.seq_len, self.micro_batch_size, self.seed = seq_len, micro_batch_size, seed
         self.start, self.stop, self.rank, self.world_size = start, stop, rank, world_size
+
+    def batch(self, i: int) -> Any:
+        """Micro-batch number `i`."""
+        raise NotImplementedError
 
     def indices(self) -> range:
         """The micro-batch numbers this rank yields (all workers together)."""
@@ -97,14 +102,27 @@ class TrainBatches(IterableDataset):
 
     def __len__(self) -> int:
         if self.stop is None:
-            raise TypeError("an endless TrainBatches has no length; give stop")
+            raise TypeError(f"an endless {type(self).__name__} has no length; give stop")
         return len(self.indices())
 
     def __iter__(self):
         for i in this_workers_share(self.indices()):
-            yield train_batch(
-                self.tokens, i, seq_len=self.seq_len, micro_batch_size=self.micro_batch_size, seed=self.seed
-            )
+            yield self.batch(i)
+
+
+class TrainBatches(MicroBatchStream):
+    """A corpus's train micro-batches (`train_batch`); `stream`: seq_len, micro_batch_size, seed and the
+    stream's start, stop, rank, world_size (`MicroBatchStream`)."""
+
+    def __init__(self, tokens: np.ndarray, **stream: Any):
+        super().__init__(**stream)
+        _check_sizes(len(tokens), self.seq_len, self.micro_batch_size, "train")
+        self.tokens = tokens
+
+    def batch(self, i: int) -> torch.Tensor:
+        return train_batch(
+            self.tokens, i, seq_len=self.seq_len, micro_batch_size=self.micro_batch_size, seed=self.seed
+        )
 
 
 def val_starts(n_tokens: int, *, seq_len: int, micro_batch_size: int, n_batches: int) -> np.ndarray:

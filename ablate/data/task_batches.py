@@ -18,12 +18,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset
 
 from ablate.core import registry
 from ablate.core.errors import UserError
 from ablate.data.config import DataConfig, parse_data_config
-from ablate.data.loader import micro_batch_numbers, this_workers_share
+from ablate.data.loader import MicroBatchStream
 from ablate.data.tasks import PAD, Sample, Task
 
 LOSS_ON = ("answers", "all")
@@ -85,33 +85,18 @@ def collate(task: Task, samples: Sequence[Sample], width: int) -> dict[str, torc
     return {"tokens": tokens, "loss_mask": loss_mask, "answer_mask": answers, "cell": cells}
 
 
-class TaskTrainBatches(IterableDataset):
-    """Train micro-batches start, start + 1, ... (up to `stop`, or forever); ranks as `TrainBatches`."""
+class TaskTrainBatches(MicroBatchStream):
+    """A task's train micro-batches; `stream` as `TrainBatches`'s (start, stop, ranks: `MicroBatchStream`)."""
 
-    def __init__(
-        self,
-        task: Task,
-        *,
-        seq_len: int,
-        micro_batch_size: int,
-        seed: int,
-        start: int = 0,
-        stop: int | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-    ):
-        self.task, self.width, self.micro_batch_size, self.seed = task, seq_len + 1, micro_batch_size, seed
-        self.start, self.stop, self.rank, self.world_size = start, stop, rank, world_size
+    def __init__(self, task: Task, **stream: Any):
+        super().__init__(**stream)
+        self.task, self.width = task, self.seq_len + 1
 
     def batch(self, i: int) -> dict[str, torch.Tensor]:
         b = self.micro_batch_size
         return collate(
             self.task, [self.task.train_sample(self.seed, i * b + j) for j in range(b)], self.width
         )
-
-    def __iter__(self):
-        for i in this_workers_share(micro_batch_numbers(self.start, self.stop, self.rank, self.world_size)):
-            yield self.batch(i)
 
 
 class TaskValBatches(Dataset):

@@ -39,6 +39,7 @@ from ablate.core import registry
 from ablate.core.errors import UserError
 from ablate.recipe.resolve import Recipe, RunSpec
 from ablate.store import tracking
+from ablate.store.stores import Stores
 
 CHECKPOINTS = ("best", "last")
 PROBE_TAG = tracking.TAG + "probe."
@@ -248,12 +249,10 @@ def finished_runs(ctx: Any, study: Any, client: Any) -> tuple[list[tuple[RunSpec
 
 def run_eval(
     recipe: Recipe,
+    stores: Stores,
     *,
     scale: str | None = None,
     probes: list[Any] | None = None,
-    workspace: Path = Path("ablate-runs"),
-    tracking_uri: str | None = None,
-    storage_url: str | None = None,
     checkpoint: str | None = None,
     reports: Path | None = None,
     tokens: int | None = None,
@@ -266,14 +265,7 @@ def run_eval(
     scale = scale or recipe.default_scale
     settings = eval_settings(recipe, scale, probes=probes, checkpoint=checkpoint, tokens=tokens)
     built = build_probes(settings)
-    ctx, study, client = finished_sweep(
-        recipe,
-        scale=scale,
-        workspace=workspace,
-        tracking_uri=tracking_uri,
-        storage_url=storage_url,
-        verb="eval",
-    )
+    ctx, study, client = finished_sweep(recipe, scale, stores, "eval")
     runs, left_out = finished_runs(ctx, study, client)
     ctx.seeds = sorted({run.seed for run, _ in runs}) or recipe.seeds
     summary = EvalSummary(left_out=left_out)
@@ -285,7 +277,7 @@ def run_eval(
         )
     for run, run_id in runs:
         try:
-            done, skipped = probe_run(run, run_id, built, settings, workspace=ctx.workspace, client=client)
+            done, skipped = probe_run(run, run_id, built, settings, workspace=stores.workspace, client=client)
         except FileNotFoundError as e:
             summary.left_out.append(f"{run.name}: {e}")
             print(f"[eval] {run.name}: left out: {e}", flush=True)
@@ -315,17 +307,14 @@ def run_eval(
     return summary
 
 
-def probe_after_trial(
-    recipe: Recipe, run: RunSpec, run_id: str, *, workspace: Path, tracking_uri: str | None = None
-) -> list[str]:
+def probe_after_trial(recipe: Recipe, run: RunSpec, run_id: str, stores: Stores) -> list[str]:
     """The sweep's hook, for the end of a trial: when the recipe's `eval.after_trial` is true, probe this
     finished run with the recipe's eval settings at the run's scale (the same tags as `ablate eval`, which
     will then skip it). Returns the probes run ([] when after_trial is off or all were done)."""
     settings = eval_settings(recipe, run.scale)
     if not settings.after_trial:
         return []
-    client = tracking.client_for(Path(workspace), tracking_uri)
     done, _ = probe_run(
-        run, run_id, build_probes(settings), settings, workspace=Path(workspace), client=client
+        run, run_id, build_probes(settings), settings, workspace=stores.workspace, client=stores.client()
     )
     return done

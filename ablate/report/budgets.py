@@ -503,7 +503,7 @@ def train_seconds(ctx: Any, records: list[Any]) -> dict[str, float]:
     """Run id -> its training seconds (final_metrics.json: the Trainer's fit, the last attempt's if resumed)."""
     from ablate.store import tracking
 
-    client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+    client = ctx.stores.client()
     out = {}
     for r in records:
         if r.run_id and r.state == "finished":

@@ -51,6 +51,7 @@ from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table, si
 from ablate.recipe.resolve import Recipe
 from ablate.store import tracking
+from ablate.store.stores import Stores
 
 PARAMS_TAGS = {"non_embedding": "ablate.non_embedding_params", "total": "ablate.params"}
 PARAMS_WORDS = {"non_embedding": "non-embedding parameters", "total": "all parameters (embeddings included)"}
@@ -92,11 +93,9 @@ class FinishedRun:
 
 def run_fit_recipe(
     recipe: Recipe,
+    stores: Stores,
     *,
     scale: str,
-    workspace: Path,
-    tracking_uri: str | None = None,
-    storage_url: str | None = None,
     form: str | None = None,
     out: Path | None = None,
     n_boot: int = 1000,
@@ -115,14 +114,7 @@ def run_fit_recipe(
         raise UserError(f"--form: {form!r} is not one of {', '.join(FORMS)}")
     if n_boot < 0:
         raise UserError(f"--bootstrap: expected a number >= 0, got {n_boot}")
-    ctx, study, client = finished_sweep(
-        recipe,
-        scale=scale,
-        workspace=workspace,
-        tracking_uri=tracking_uri,
-        storage_url=storage_url,
-        verb="fit",
-    )
+    ctx, study, client = finished_sweep(recipe, scale, stores, "fit")
     budgeted = recipe.budgets(scale) is not None  # every budget a run of its own (ablate.train.branches)
     records = collect(ctx, study, with_curves=True, budgets=budgeted)
     finished = [r for r in records if r.state == "finished" and r.run_id]
@@ -189,7 +181,7 @@ def run_fit_recipe(
             "recipe_path": str(recipe.path),
             "scale": scale,
             "study": ctx.study_name,
-            "workspace": str(ctx.workspace),
+            "workspace": str(stores.workspace),
             "params_count": params_count,
             "params_tag": PARAMS_TAGS[params_count],
             "points": len(points),

@@ -22,7 +22,6 @@ from typing import Any
 from ablate.core.tables import markdown_table
 from ablate.report import stats
 from ablate.report.table import write_csv
-from ablate.store import tracking
 
 PREFIX = "probe/"
 BITS = re.compile(r"^bits_(\d+)$")
@@ -64,7 +63,7 @@ def _digits(values: list[float]) -> int:
 
 def probe_values(ctx: Any, records: list[Any]) -> dict[str, dict[str, float]]:
     """run id -> {metric: value} of its `probe/` metrics, for finished runs."""
-    client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+    client = ctx.stores.client()
     values = {}
     for r in records:
         if r.state == "finished" and r.run_id:

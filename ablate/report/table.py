@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from ablate.report import stats
-from ablate.store import tracking
 
 METRICS = (("valid", "val/loss"), ("ar_hit", "val/ar_hit"), ("others", "val/others"))
 
@@ -52,7 +51,7 @@ def collect(ctx: Any, study: Any, with_curves: bool = True, budgets: bool = Fals
     one record per smaller budget's run of each trial (its branches, ablate.train.branches)."""
     from optuna.trial import TrialState
 
-    client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+    client = ctx.stores.client()
     latest: dict[str, Any] = {}
     for trial in study.get_trials(deepcopy=False):
         latest[trial.user_attrs.get("plan")] = trial  # later trials (retries) win

@@ -24,7 +24,6 @@ import numpy as np
 from ablate.core.tables import markdown_table
 from ablate.report import stats
 from ablate.report.table import write_csv
-from ablate.store import tracking
 
 CELL_PREFIX = "val/accuracy_cell/"
 
@@ -46,7 +45,7 @@ def _sort_key(value: str) -> tuple:
 
 def run_metrics(ctx: Any, records: list[Any]) -> dict[tuple[str, int], dict[str, float]]:
     """(variant, seed) -> final metrics of every finished run."""
-    client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+    client = ctx.stores.client()
     out = {}
     for r in records:
         if r.state == "finished" and r.run_id:

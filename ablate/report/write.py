@@ -98,11 +98,9 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
         from ablate.report.budgets import write_budget_report
 
         more += write_budget_report(ctx, study, collect(ctx, study, with_curves=False, budgets=True), folder)
-    from_export = tracking.is_export(ctx.tracking_uri)
+    from_export = ctx.stores.from_export
     if not from_export:  # the runs behind every file above, so `ablate report --from` rebuilds them
-        write_export(
-            tracking.client_for(ctx.workspace, ctx.tracking_uri), study, export_settings(ctx), folder
-        )
+        write_export(ctx.stores.client(), study, export_settings(ctx), folder)
     shown = f"; the table shows each variant's best, {len(records)} runs" if chosen else ""
     header = (
         f"# How this report was made\n\n- command: `{study_command(study)}`\n- recipe: `{ctx.recipe.path}` (scale `{ctx.scale}`, "
@@ -141,6 +139,7 @@ def rebuild_report(folder: Path) -> Path:
     from ablate.recipe.resolve import load_recipe
     from ablate.recipe.search import SearchSpec, load_search_spec
     from ablate.store.export import SCHEME, exported_study, read_meta
+    from ablate.store.stores import Stores
     from ablate.store.study import SweepContext
 
     settings = read_meta(folder)["report"]
@@ -151,8 +150,7 @@ def rebuild_report(folder: Path) -> Path:
         recipe=recipe,
         scale=recipe.scale,
         seeds=settings["seeds"],
-        workspace=folder,
-        tracking_uri=SCHEME + str(folder),
+        stores=Stores(folder, tracking_uri=SCHEME + str(folder)),
         search=load_search_spec(settings["search"]) if settings["search"] else SearchSpec(),
         search_path=settings["search"],
         grace_period=settings["grace_period"],
@@ -240,7 +238,7 @@ def _attach(ctx: Any, study: Any, folder: Path) -> None:
     parent = study.user_attrs.get("mlflow_parent_run_id")
     if not parent:
         return
-    client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+    client = ctx.stores.client()
     tracking.log_files(client, parent, sorted(folder.iterdir()), artifact_path="report")
     done, total = _counts(study)
     tracking.log_metrics(client, parent, {"trials_finished": done, "trials": total}, step=0)

@@ -30,7 +30,7 @@ from ablate.core.errors import UserError
 RUNS_FILE = "runs.parquet"
 METRICS_FILE = "metrics.parquet"
 FILES = (RUNS_FILE, METRICS_FILE)
-SCHEME = "export:"  # a tracking URI `export:FOLDER` reads the runs of FOLDER's export (tracking.client_for)
+SCHEME = "export:"  # a tracking URI `export:FOLDER` reads the runs of FOLDER's export (Stores.client)
 ARTIFACTS = ("resolved_recipe.yaml", "data.json", "final_metrics.json")
 MACHINE_TAGS = ("mlflow.user", "mlflow.source.")
 META_KEY = b"ablate.study"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ablate.core.errors import UserError
 from ablate.store import comparison, tracking
+from ablate.store.stores import Stores
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # binds to every interface
 READY_TIMEOUT = 180.0  # seconds; the first start on an empty database runs MLflow's migrations
@@ -60,7 +61,7 @@ def server_command(
 def backend_store(uri: str | None, workspace: Path) -> str:
     """The backend store URL: the user's (a SQLAlchemy URL) or the workspace's SQLite file."""
     if uri is None:
-        return tracking.tracking_uri_for(workspace, None)
+        return Stores(workspace).mlflow_uri()
     if uri.startswith(("http:", "https:")) or "://" not in uri:
         raise UserError(
             f"--backend-store-uri: {uri!r} is not a database URL; use postgresql://user@host/db "
@@ -151,7 +152,7 @@ def ui_command(backend_store_uri: str, artifacts_uri: str, host: str, port: int)
     ]
 
 
-def serve_ui(workspace: Path, tracking_uri: str | None, host: str = "127.0.0.1", port: int = 5000) -> int:
+def serve_ui(stores: Stores, host: str = "127.0.0.1", port: int = 5000) -> int:
     """`ablate ui`: `mlflow ui` over the workspace store until interrupted or terminated; once it answers,
     one link: the newest experiment's runs as a comparison of its variants (ablate.store.comparison).
 
@@ -159,14 +160,14 @@ def serve_ui(workspace: Path, tracking_uri: str | None, host: str = "127.0.0.1",
     and given the comparison view. MLflow's job consumers (GenAI judges and scorers) are not started:
     comparing training runs needs none of them.
     """
-    if tracking_uri and tracking_uri.startswith("http"):
-        print(f"the tracking server is already a UI: open {tracking_uri}")
+    if stores.tracking_uri and stores.tracking_uri.startswith("http"):
+        print(f"the tracking server is already a UI: open {stores.tracking_uri}")
         return 0
     if not 0 < port < 65536:
         raise UserError(f"--port: expected 1-65535, got {port}")
-    uri = tracking.tracking_uri_for(workspace, tracking_uri)
-    artifacts = (tracking.ensure_workspace(workspace) / "artifacts").as_uri()
-    client = tracking.client_for(workspace, tracking_uri)
+    uri = stores.mlflow_uri()
+    artifacts = (tracking.ensure_workspace(stores.workspace) / "artifacts").as_uri()
+    client = stores.client()
     experiments = [
         e for e in client.search_experiments(order_by=["last_update_time DESC"]) if e.name != "Default"
     ]

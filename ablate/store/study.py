@@ -18,11 +18,12 @@ from ablate.core.errors import UserError
 from ablate.recipe.resolve import Recipe, RunSpec
 from ablate.recipe.search import SearchSpec
 from ablate.store import tracking
+from ablate.store.stores import Stores
 
 
 @dataclass
 class SweepContext:
-    """One sweep: a recipe at a scale, its seeds and search spec, and where its stores are.
+    """One sweep: a recipe at a scale, its seeds and search spec, and where its records live (`stores`).
 
     `runs` holds the run of every trial plan, resolved once when the context is made: one `resolve` per
     searched grid point (none for a plain grid, whose runs are the loaded recipe's). Enqueueing, the
@@ -32,9 +33,7 @@ class SweepContext:
     recipe: Recipe
     scale: str
     seeds: list[int]
-    workspace: Path
-    tracking_uri: str | None = None
-    storage_url: str | None = None
+    stores: Stores
     search: SearchSpec = field(default_factory=SearchSpec)
     search_path: str | None = None
     grace_period: float = 60.0
@@ -108,39 +107,11 @@ def command_line() -> str:
     return "ablate " + " ".join(sys.argv[1:]) if sys.argv and "ablate" in sys.argv[0] else "ablate sweep"
 
 
-def storage_for(url: str | None, workspace: Path):
-    """An Optuna storage: the journal file in the workspace by default, `journal:PATH` (a shared filesystem
-    for workers on several nodes), or an RDB URL."""
-    import optuna
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
-
-    if url is None or url.startswith("journal:"):
-        path = (
-            Path(url[len("journal:") :]) if url else tracking.ensure_workspace(workspace) / "optuna.journal"
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # The O_EXCL lock file Optuna recommends on NFSv3+, so workers on several nodes of a shared
-        # filesystem take turns (it excludes the default symlink lock too: both are `<path>.lock`).
-        lock = JournalFileOpenLock(str(path))
-        return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
-    if "://" not in url:
-        raise UserError(
-            f"--storage: {url!r} is not a URL; use postgresql://user@host/db, sqlite:///file.db "
-            "or journal:/path/file"
-        )
-    try:
-        return optuna.storages.RDBStorage(tracking.database_url(url), engine_kwargs={"pool_pre_ping": True})
-    except Exception as e:  # driver missing, server down, bad credentials: all the user's to fix
-        raise UserError(
-            f"--storage: cannot open {url}: {type(e).__name__}: {str(e).splitlines()[0]}"
-        ) from None
-
-
 def open_study(ctx: SweepContext, create: bool = True):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = storage_for(ctx.storage_url, ctx.workspace)
+    storage = ctx.stores.storage()
     if not create:
         try:
             return optuna.load_study(
@@ -211,11 +182,12 @@ def report_folder(ctx: SweepContext, reports: Path | None) -> Path:
 
 def sweep_hint(ctx: SweepContext) -> str:
     """The command that would have made the study `ctx` names, for error messages."""
-    cmd = f"`ablate sweep {ctx.recipe.path} --scale {ctx.scale} --workspace {ctx.workspace}"
-    if ctx.tracking_uri:
-        cmd += f" --tracking-uri {ctx.tracking_uri}"
-    if ctx.storage_url:
-        cmd += f" --storage {ctx.storage_url}"
+    stores = ctx.stores
+    cmd = f"`ablate sweep {ctx.recipe.path} --scale {ctx.scale} --workspace {stores.workspace}"
+    if stores.tracking_uri:
+        cmd += f" --tracking-uri {stores.tracking_uri}"
+    if stores.storage_url:
+        cmd += f" --storage {stores.storage_url}"
     return cmd + "`"
 
 
@@ -225,10 +197,11 @@ def load_finished_study(ctx: SweepContext, verb: str):
     import optuna
 
     no_runs = f"{verb}: no finished runs of {ctx.recipe.name} at scale {ctx.scale}"
-    if ctx.storage_url is None and not (Path(ctx.workspace) / "optuna.journal").is_file():
-        raise UserError(f"{no_runs}: no sweep in workspace {ctx.workspace}; run {sweep_hint(ctx)} first")
+    workspace = ctx.stores.workspace
+    if ctx.stores.storage_url is None and not (workspace / "optuna.journal").is_file():
+        raise UserError(f"{no_runs}: no sweep in workspace {workspace}; run {sweep_hint(ctx)} first")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = storage_for(ctx.storage_url, ctx.workspace)
+    storage = ctx.stores.storage()
     names = optuna.get_all_study_names(storage)
     if ctx.study_name not in names:
         mine = sorted(n for n in names if n == ctx.recipe.name or n.startswith(ctx.recipe.name + "-"))
@@ -237,24 +210,8 @@ def load_finished_study(ctx: SweepContext, verb: str):
     return optuna.load_study(study_name=ctx.study_name, storage=storage)
 
 
-def finished_sweep(
-    recipe: Recipe,
-    *,
-    scale: str,
-    workspace: Path,
-    tracking_uri: str | None,
-    storage_url: str | None,
-    verb: str,
-) -> tuple[SweepContext, Any, Any]:
+def finished_sweep(recipe: Recipe, scale: str, stores: Stores, verb: str) -> tuple[SweepContext, Any, Any]:
     """(context, study, MLflow client) of a sweep whose finished runs a verb reads (`fit`, `eval`); see
     load_finished_study."""
-    ctx = SweepContext(
-        recipe=recipe,
-        scale=scale,
-        seeds=recipe.seeds,
-        workspace=Path(workspace),
-        tracking_uri=tracking_uri,
-        storage_url=storage_url,
-        progress=False,
-    )
-    return ctx, load_finished_study(ctx, verb), tracking.client_for(ctx.workspace, tracking_uri)
+    ctx = SweepContext(recipe=recipe, scale=scale, seeds=recipe.seeds, stores=stores, progress=False)
+    return ctx, load_finished_study(ctx, verb), stores.client()

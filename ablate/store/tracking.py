@@ -1,7 +1,8 @@
 """MLflow: where the store is, how runs are named and tagged, and how a run is found again.
 
 - Store: embedded by default, SQLite at `<workspace>/mlflow.db` with artifacts under
-  `<workspace>/artifacts`; `--tracking-uri` (e.g. http://host:5000) switches to a server.
+  `<workspace>/artifacts`; `--tracking-uri` (e.g. http://host:5000) switches to a server (where it is and
+  its client: ablate.store.stores).
 - Experiment = recipe name (+ "-<scale>" unless the scale is `paper`), so scales never mix in one table.
 - Run name = variant (-size) -s<seed>; tags: recipe, variant, scale, seed, size (if any), label, run key,
   code version.
@@ -48,13 +49,6 @@ def database_url(url: str) -> str:
     return url
 
 
-def tracking_uri_for(workspace: Path, tracking_uri: str | None) -> str:
-    if tracking_uri:
-        return database_url(tracking_uri)
-    workspace = ensure_workspace(workspace)
-    return f"sqlite:///{workspace / 'mlflow.db'}"
-
-
 def ensure_workspace(workspace: Path) -> Path:
     workspace = Path(workspace).resolve()
     try:
@@ -70,28 +64,6 @@ def ensure_workspace(workspace: Path) -> Path:
 
 def experiment_name(recipe: str, scale: str) -> str:
     return recipe if scale == "paper" else f"{recipe}-{scale}"
-
-
-def is_export(tracking_uri: str | None) -> bool:
-    """Whether `tracking_uri` names a report folder's export (ablate.store.export), read-only."""
-    from ablate.store import export
-
-    return bool(tracking_uri) and tracking_uri.startswith(export.SCHEME)
-
-
-def client_for(workspace: Path, tracking_uri: str | None):
-    from ablate.store import export
-
-    if is_export(tracking_uri):  # a report folder's runs, with no store
-        return export.ExportedRuns(Path(tracking_uri[len(export.SCHEME) :]))
-    import logging
-
-    import mlflow
-
-    # The migration chatter on first use of a SQLite store says nothing a user needs.
-    for name in ("alembic", "mlflow.store.db.utils"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    return mlflow.MlflowClient(tracking_uri=tracking_uri_for(workspace, tracking_uri))
 
 
 # MLflow 3 opens an experiment on its GenAI overview unless this tag calls it a training experiment
@@ -129,21 +101,6 @@ def mark_training_experiment(client, experiment) -> None:
 def runs_page_url(ui_url: str, experiment_id: str) -> str:
     """The MLflow UI's runs table of one experiment (the UI routes after '#')."""
     return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs"
-
-
-def sweep_runs_url(
-    workspace: Path, tracking_uri: str | None, recipe: str, scale: str, ui_url: str = "http://127.0.0.1:5000"
-) -> str | None:
-    """The link that opens a sweep's runs as a comparison of its variants (ablate.store.comparison), its
-    view saved first; None when the store has no such experiment yet."""
-    from ablate.store import comparison
-
-    client = client_for(workspace, tracking_uri)
-    experiment = client.get_experiment_by_name(experiment_name(recipe, scale))
-    if experiment is None:
-        return None
-    comparison.save_view(client, experiment.experiment_id)
-    return comparison.view_url(ui_url, experiment.experiment_id)
 
 
 # Generated outputs that are tracked (committed reports): rewriting them is not a change of the code.

@@ -38,7 +38,6 @@ from ablate.store.study import (  # noqa: F401 (SweepContext, report_folder... a
     plan_key,
     progress_counts,
     report_folder,
-    storage_for,
     trial_plan,
 )
 from ablate.sweep import preemption
@@ -188,9 +187,9 @@ def parent_run_id(ctx: SweepContext, study: Any) -> str:
     known = study.user_attrs.get("mlflow_parent_run_id")
     if known:
         return known
-    client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+    client = ctx.stores.client()
     experiment_id = tracking.get_experiment_id(
-        client, tracking.experiment_name(ctx.recipe.name, ctx.scale), ctx.workspace
+        client, tracking.experiment_name(ctx.recipe.name, ctx.scale), ctx.stores.workspace
     )
     found = client.search_runs(
         [experiment_id], filter_string=f"tags.`ablate.store.study` = '{ctx.study_name}'"
@@ -250,9 +249,11 @@ def run_trial(ctx: SweepContext, study: Any, storage: Any, trial: Any, parent: s
     run = ctx.run_for_plan(plan, sampled)
     heartbeat = Heartbeat(trial)
     try:
-        client = tracking.client_for(ctx.workspace, ctx.tracking_uri)
+        client = ctx.stores.client()
         trial_tags = {"ablate.trial": str(trial.number), "ablate.study": ctx.study_name}
-        _, run_id = tracking.open_run(client, run, ctx.workspace, parent_run_id=parent, extra_tags=trial_tags)
+        _, run_id = tracking.open_run(
+            client, run, ctx.stores.workspace, parent_run_id=parent, extra_tags=trial_tags
+        )
         for key, value in {
             "variant": run.variant,
             "seed": run.seed,
@@ -276,8 +277,7 @@ def run_trial(ctx: SweepContext, study: Any, storage: Any, trial: Any, parent: s
         # One training per trial; with budgets (ablate.recipe.budgets) the smaller ones branch off it.
         result = train_budgets(
             run,
-            workspace=ctx.workspace,
-            tracking_uri=ctx.tracking_uri,
+            ctx.stores,
             parent_run_id=parent,
             progress=ctx.progress,
             extra_tags=trial_tags,
@@ -306,9 +306,7 @@ def run_trial(ctx: SweepContext, study: Any, storage: Any, trial: Any, parent: s
     if ctx.recipe.eval(run.scale).after_trial:  # the recipe's eval: probes each run as its trial ends
         from ablate.probes.run import probe_after_trial
 
-        probe_after_trial(
-            ctx.recipe, run, result.run_id, workspace=ctx.workspace, tracking_uri=ctx.tracking_uri
-        )
+        probe_after_trial(ctx.recipe, run, result.run_id, ctx.stores)
     heartbeat.stop()
     study.tell(trial, result.val_loss)
     print(f"[sweep] {result.summary()}", flush=True)
@@ -332,14 +330,13 @@ def _print_progress(
 # --- local worker processes ----------------------------------------------------------------------------
 def spawn_workers(ctx: SweepContext, n: int, overrides_argv: list[str]) -> list[subprocess.Popen]:
     """Start `n` `ablate worker` processes on this machine; their output goes to the workspace's logs/."""
-    logs = tracking.ensure_workspace(ctx.workspace) / "logs"
+    logs = tracking.ensure_workspace(ctx.stores.workspace) / "logs"
     logs.mkdir(exist_ok=True)
-    storage = ctx.storage_url or f"journal:{tracking.ensure_workspace(ctx.workspace) / 'optuna.journal'}"
     # The cores are shared out: n workers of all-core thread pools oversubscribe the CPU (measured on 2
     # cores under load: 2 threads per process ran ~4x slower than 1). A user's own setting is kept.
     env = {**os.environ}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
-    cmd = [sys.executable, "-m", "ablate.cli", *worker_argv(ctx, storage, overrides_argv)]
+    cmd = [sys.executable, "-m", "ablate.cli", *worker_argv(ctx, overrides_argv)]
     procs = []
     for i, devices in enumerate(worker_devices(n, devices_per_run(ctx), visible_gpus())):
         log = open(logs / f"{ctx.study_name}-worker{i}.log", "ab")  # noqa: SIM115 (closed with the process)
@@ -350,12 +347,13 @@ def spawn_workers(ctx: SweepContext, n: int, overrides_argv: list[str]) -> list[
     return procs
 
 
-def worker_argv(ctx: SweepContext, storage: str, overrides_argv: list[str]) -> list[str]:
+def worker_argv(ctx: SweepContext, overrides_argv: list[str]) -> list[str]:
     """`ablate worker ...` arguments (after `ablate`) that join this sweep's study."""
-    argv = ["worker", str(ctx.recipe.path), "--scale", ctx.scale, "--storage", storage]
-    argv += ["--workspace", str(ctx.workspace), "--seeds", *map(str, ctx.seeds)]
-    if ctx.tracking_uri:
-        argv += ["--tracking-uri", ctx.tracking_uri]
+    stores = ctx.stores
+    argv = ["worker", str(ctx.recipe.path), "--scale", ctx.scale, "--storage", stores.optuna_url()]
+    argv += ["--workspace", str(stores.workspace), "--seeds", *map(str, ctx.seeds)]
+    if stores.tracking_uri:
+        argv += ["--tracking-uri", stores.tracking_uri]
     if ctx.search_path:
         argv += ["--search", ctx.search_path]
     return argv + overrides_argv
@@ -415,7 +413,7 @@ def wait_for_workers(ctx: SweepContext, study: Any, procs: list[subprocess.Popen
         raise
     bad = [p.returncode for p in procs if p.returncode not in (0, None)]
     if bad:
-        logs = tracking.ensure_workspace(ctx.workspace) / "logs"
+        logs = tracking.ensure_workspace(ctx.stores.workspace) / "logs"
         raise UserError(f"--workers: {len(bad)} worker(s) exited with {bad}; see {logs}")
 
 
@@ -439,7 +437,7 @@ def confirm_plan(ctx: SweepContext, pending: list[dict[str, Any]], yes: bool) ->
     from ablate.sweep.estimate import make_plan
 
     runs = [ctx.run_for_plan(p) for p in pending]
-    plan = make_plan(runs, ctx.workspace)
+    plan = make_plan(runs, ctx.stores.workspace)
     print(
         f"[sweep {ctx.study_name}] plan: {plan.trials} trials, {si(plan.tokens)} tokens, "
         f"{si(plan.train_flops)}FLOP of training; calibrated {si(plan.flops_per_s)}FLOP/s here in "
@@ -536,7 +534,7 @@ def keep_or_prune_stable(ctx: SweepContext, final: bool) -> None:
     from ablate.train.branches import prune_stable, stable_size
 
     runs = list(ctx.runs.values())
-    files, size = (prune_stable if final else stable_size)(ctx.workspace, runs)
+    files, size = (prune_stable if final else stable_size)(ctx.stores.workspace, runs)
     if final:
         print(f"[sweep {ctx.study_name}] final: deleted {files} stable-phase checkpoints ({si(size)}B)")
     elif files:

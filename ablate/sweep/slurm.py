@@ -94,16 +94,16 @@ def check_cluster_stores(ctx: SweepContext, nodes: int) -> None:
     """Stores that workers on several nodes cannot share are refused before anything is submitted."""
     if nodes < 2:
         return  # one node: its workers share the workspace's files like local workers do
-    uri = ctx.tracking_uri or ""
+    uri = ctx.stores.tracking_uri or ""
     if not uri or uri.startswith("sqlite:"):
         raise UserError(
             f"--tracking-uri: workers on {nodes} nodes cannot share a SQLite tracking store "
             f"({uri or 'the default one in the workspace'}: SQLite's file locks do not hold over a network "
             "filesystem); start `ablate server` and pass its http:// URI, or a postgresql:// database"
         )
-    if (ctx.storage_url or "").startswith("sqlite:"):
+    if (ctx.stores.storage_url or "").startswith("sqlite:"):
         raise UserError(
-            f"--storage: workers on {nodes} nodes cannot share a SQLite study ({ctx.storage_url}); use "
+            f"--storage: workers on {nodes} nodes cannot share a SQLite study ({ctx.stores.storage_url}); use "
             "journal:/shared/path/optuna.journal (a shared filesystem) or postgresql://..."
         )
 
@@ -131,7 +131,7 @@ def submit_workers(
     which this layer does not import) with an `ablate worker` command line."""
     import submitit
 
-    folder = Path(ctx.workspace).resolve() / "slurm"
+    folder = ctx.stores.workspace.resolve() / "slurm"
     executor = submitit.SlurmExecutor(folder=folder / "%A", max_num_timeout=1000)
     extra = sbatch_extras(options)
     parameters: dict[str, Any] = dict(
@@ -235,9 +235,8 @@ def launch(
         from ablate.store import tracking
         from ablate.sweep.run import worker_argv
 
-        workspace = tracking.ensure_workspace(ctx.workspace).resolve()
-        storage = ctx.storage_url or f"journal:{workspace / 'optuna.journal'}"
-        done = submit_workers(ctx, workers, options, main, worker_argv(ctx, storage, overrides_argv))
+        tracking.ensure_workspace(ctx.stores.workspace)  # one line now, not in every array task's log
+        done = submit_workers(ctx, workers, options, main, worker_argv(ctx, overrides_argv))
         print(
             f"[sweep {ctx.study_name}] submitted Slurm job array {done.job_id} ({workers} workers: "
             f"{', '.join(done.tasks)}); follow it with `squeue -j {done.job_id}` and `ablate status` "

@@ -25,6 +25,7 @@ from typing import Any
 import lightning.pytorch as L
 
 from ablate.recipe.resolve import RunSpec
+from ablate.store.stores import Stores
 from ablate.train.loop import TrainResult, run_dir, train_run
 
 
@@ -137,9 +138,8 @@ def budget_tags(run: RunSpec) -> dict[str, str]:
 
 def train_budgets(
     run: RunSpec,
+    stores: Stores,
     *,
-    workspace: Path,
-    tracking_uri: str | None = None,
     parent_run_id: str | None = None,
     progress: bool = True,
     extra_tags: dict[str, str] | None = None,
@@ -150,6 +150,7 @@ def train_budgets(
 
     Returns the results, longest first; `on_result(run, result)` is called as each one finishes (the sweep
     records it in the trial at once). A run without budgets is just trained."""
+    workspace = stores.workspace
     branches = run.branches()
     paths: dict[int, list[Path]] = {}
     for b in branches:
@@ -160,8 +161,7 @@ def train_budgets(
     continued = _continue_from_stable(workspace, run) if branches else {}
     longest = train_run(
         run,
-        workspace=workspace,
-        tracking_uri=tracking_uri,
+        stores,
         parent_run_id=parent_run_id,
         progress=progress,
         extra_tags={**(extra_tags or {}), **(budget_tags(run) if branches else {}), **continued},
@@ -182,8 +182,7 @@ def train_budgets(
             )
         result = train_run(
             branch,
-            workspace=workspace,
-            tracking_uri=tracking_uri,
+            stores,
             parent_run_id=parent_run_id,
             progress=progress,
             extra_tags={

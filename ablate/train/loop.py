@@ -34,6 +34,7 @@ from ablate.hardware.precision import choose_precision, training_device
 from ablate.model.decoder import DecoderLM, attention_kernel, build_model
 from ablate.recipe.resolve import RunSpec
 from ablate.store import tracking
+from ablate.store.stores import Stores
 from ablate.train.metrics import SUM_KEYS, ar_hit_mask, sliced_loss_sums, task_summary, task_sums
 
 
@@ -341,9 +342,8 @@ def run_dir(workspace: Path, run: RunSpec) -> Path:
 
 def train_run(
     run: RunSpec,
+    stores: Stores,
     *,
-    workspace: Path,
-    tracking_uri: str | None = None,
     parent_run_id: str | None = None,
     progress: bool = True,
     extra_tags: dict[str, str] | None = None,
@@ -356,12 +356,13 @@ def train_run(
     from ablate.train import launch
 
     cfg = run.train
+    workspace = stores.workspace
     folder = run_dir(workspace, run)
     if (
         launch.global_rank(cfg) != 0
     ):  # another node's rank 0 (or a torchrun/srun rank): trains, records nothing
         return train_rank(run, workspace=workspace)
-    client = tracking.client_for(workspace, tracking_uri)
+    client = stores.client()
     precision, why = choose_precision(cfg.precision, training_device(cfg.accelerator), key="train.precision")
     print(f"precision: {precision} ({why})", flush=True)
     state, run_id = tracking.open_run(
@@ -387,7 +388,7 @@ def train_run(
             _finish_in_mlflow(client, run_id, done)
         return done
     try:
-        tokens = _load_data(run, Path(workspace))
+        tokens = _load_data(run, workspace)
         if tokens.vocab_size > run.model.vocab_size:
             raise UserError(
                 f"model.vocab_size: {run.model.vocab_size} is smaller than the data's vocabulary "

@@ -141,11 +141,10 @@ def budgets(out: Path, recipe: Path, workspace: Path, dry: bool, workers: int) -
 def collect(out: Path, workspace: Path) -> None:
     """c_train.csv (the training curves of part c) and d_budgets.csv (part d's validation loss at every
     budget) from the MLflow store, whatever finished."""
-    import mlflow
-
     from ablate.store import tracking
+    from ablate.store.stores import Stores
 
-    client = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(workspace, None))
+    client = Stores(workspace).client()
     curves, finals = [], []
     for scale, rows in (("train-small", curves), ("train-compile", curves), ("tokens-8x", finals)):
         experiment = client.get_experiment_by_name(tracking.experiment_name("device-check", scale))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import TABLE6_VARIANTS, assert_one_line_error, run_cli
 from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.cli import main
@@ -19,15 +19,6 @@ from ablate.recipe.resolve import load_recipe
 
 HERE = Path(__file__).resolve().parent
 TABLE6 = HERE.parents[1] / "recipes" / "table6.yaml"
-VARIANTS = [
-    "transformer",
-    "transformer_d256",
-    "transformer_gn",
-    "diff",
-    "diff_no_gn",
-    "diff_lambda_08",
-    "diff_lambda_05",
-]
 SI = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
 
@@ -114,7 +105,7 @@ def test_check_table6_prints_seven_matched_variants(capsys, scale):
     assert err == ""
     assert f"recipe table6, scale {scale}" in out
     rows = check_rows(out)
-    assert list(rows) == VARIANTS
+    assert list(rows) == TABLE6_VARIANTS
     first = rows["transformer"]
     for variant, row in rows.items():
         params, flops = int(row["params"].replace(",", "")), si_value(row["FLOPs/token (fwd)"])
@@ -155,11 +146,11 @@ def test_unmatched_variant_exits_2_with_one_line(tmp_path, capsys, variant, mode
     assert_one_line_error(
         code, err, f"variants.{variant}:", "tolerance", "params 2%", "flops 2%", "--allow-unmatched"
     )
-    for matched in VARIANTS:
+    for matched in TABLE6_VARIANTS:
         assert f"variants.{matched}:" not in err
     rows = check_rows(out)  # the table is still shown, on stdout
     assert rows[variant]["matched"] == "UNMATCHED"
-    assert all(rows[v]["matched"] == "ok" for v in VARIANTS)
+    assert all(rows[v]["matched"] == "ok" for v in TABLE6_VARIANTS)
 
 
 def test_allow_unmatched_exits_0_and_says_so(tmp_path, capsys):

@@ -10,11 +10,12 @@ from optuna.trial import TrialState
 
 from ablate.store import tracking
 from ablate.store.export import SCHEME, exported_study, read_meta, write_export
+from ablate.store.stores import Stores
 
 
 def _store_and_study(tmp_path):
     workspace = tracking.ensure_workspace(tmp_path / "ws")
-    client = tracking.client_for(workspace, None)  # the embedded SQLite store a sweep uses
+    client = Stores(workspace).client()  # the embedded SQLite store a sweep uses
     experiment = tracking.get_experiment_id(client, "e", workspace)
     tags = {"ablate.variant": "diff", "mlflow.user": "someone", "mlflow.source.name": "/srv/someone/x.py"}
     run_id = client.create_run(experiment, tags=tags).info.run_id
@@ -53,7 +54,7 @@ def test_the_export_reads_back_what_the_store_holds(tmp_path):
     written = write_export(client, study, settings, folder)
     assert [p.name for p in written] == ["runs.parquet", "metrics.parquet"]
 
-    runs = tracking.client_for(tmp_path / "no-workspace", SCHEME + str(folder))
+    runs = Stores(tmp_path / "no-workspace", SCHEME + str(folder)).client()
     original, exported = client.get_run(run_id), runs.get_run(run_id)
     assert exported.info.status == "FINISHED"
     assert exported.data.params == original.data.params

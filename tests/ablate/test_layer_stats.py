@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import mlflow
 import pytest
 import torch
 from mini_project import write_recipe
@@ -13,7 +12,7 @@ from mini_project import write_recipe
 from ablate.data import ValBatches, load_tokens
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import load_recipe
-from ablate.store import tracking
+from ablate.store.stores import Stores
 from ablate.train.layer_stats import EMBED, attn_out_key, layer_rms, residual_key
 from ablate.train.loop import run_dir, train_run
 
@@ -71,8 +70,8 @@ def test_training_logs_the_final_models_layer_rms_to_mlflow(tmp_path):
     recipe = write_recipe(tmp_path)
     (run,) = load_recipe(recipe, []).resolve(None, seeds=[0], variants=["diff"])
     workspace = tmp_path / "ws"
-    result = train_run(run, workspace=workspace, progress=False)
-    client = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(workspace, None))
+    result = train_run(run, Stores(workspace), progress=False)
+    client = Stores(workspace).client()
     final_step = result.steps
     logged = {}
     for key in [EMBED] + [k(i) for i in range(2) for k in (attn_out_key, residual_key)]:

@@ -202,9 +202,9 @@ def test_no_module_is_left_at_the_top_but_the_command_line():
             "import circle: ablate.core.config -> ablate.core.errors -> ablate.core.registry -> ablate.core.config",
         ),
         (  # a circle inside one layer, written as a lazy relative import
-            "ablate/store/tracking.py",
+            "ablate/store/stores.py",
             "    from . import study\n",
-            "import circle: ablate.store.study -> ablate.store.tracking -> ablate.store.study",
+            "import circle: ablate.store.stores -> ablate.store.study -> ablate.store.stores",
         ),
         (
             "components/norm.py",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import mlflow
 import pytest
 import torch
 from mini_project import write_recipe
@@ -26,7 +25,7 @@ from ablate.hardware.precision import (
     training_device,
 )
 from ablate.recipe.resolve import load_recipe
-from ablate.store import tracking
+from ablate.store.stores import Stores
 from ablate.train.loop import train_run
 
 # Two logical CPUs each, flags lines as Linux prints them (shortened in the middle, the bf16 flags kept).
@@ -208,9 +207,9 @@ def test_training_prints_and_records_the_chosen_precision(tmp_path, monkeypatch,
     (run,) = load_recipe(recipe).resolve(None, seeds=[0], variants=["transformer"])
     assert run.train.precision == "auto"
     workspace = tmp_path / "ws"
-    result = train_run(run, workspace=workspace, progress=False)
+    result = train_run(run, Stores(workspace), progress=False)
     why = f"{ENV}=0 forces no native bf16: bf16 would be emulated, many times slower"
     assert f"precision: 32-true ({why})\n" in capsys.readouterr().out
-    client = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(workspace, None))
+    client = Stores(workspace).client()
     tags = client.get_run(result.run_id).data.tags
     assert (tags["ablate.precision"], tags["ablate.precision_reason"]) == ("32-true", why)

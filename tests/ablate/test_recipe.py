@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import TABLE6_VARIANTS, assert_one_line_error, run_cli
 
 from ablate.core.config import deep_merge, set_dotted
 from ablate.core.errors import UserError
@@ -348,18 +348,7 @@ def test_base_override_through_the_cli_print_config(capsys):
     )
     assert code == 0, err
     runs = printed_runs(out)
-    assert set(runs) == {
-        f"{v}-s0"
-        for v in (
-            "transformer",
-            "transformer_d256",
-            "transformer_gn",
-            "diff",
-            "diff_no_gn",
-            "diff_lambda_08",
-            "diff_lambda_05",
-        )
-    }
+    assert set(runs) == {f"{v}-s0" for v in TABLE6_VARIANTS}
     for run in runs.values():
         assert run["scale"] == "tiny"
         assert run["train"]["lr"] == 0.001

@@ -13,14 +13,13 @@ import subprocess
 import sys
 import time
 
-import mlflow
 import pytest
 from mini_project import run_cli, write_recipe
 
 from ablate.core.config import TrainConfig
 from ablate.core.errors import UserError
 from ablate.recipe.resolve import load_recipe
-from ablate.store import tracking
+from ablate.store.stores import Stores
 from ablate.train.branches import train_budgets
 from ablate.train.loop import lr_factor, run_dir, train_run
 
@@ -81,10 +80,10 @@ def test_a_budgets_branch_is_the_fresh_run_of_that_budget_bitwise(tmp_path):
         budgets={"steps": [12, 24]},
     )
     (run, _) = load_recipe(recipe).runs_for(variants=["diff"]) + [None]
-    results = train_budgets(run, workspace=tmp_path / "branched", progress=False)
+    results = train_budgets(run, Stores(tmp_path / "branched"), progress=False)
     assert [r.steps for r in results] == [24, 12]
     branch = results[1]
-    fresh = train_run(run.at_budget(12), workspace=tmp_path / "fresh", progress=False)
+    fresh = train_run(run.at_budget(12), Stores(tmp_path / "fresh"), progress=False)
     assert run.at_budget(12).train.cooldown_start == 10  # 12 - round(0.2 x 12)
     cooldown = {h["step"]: h["val/loss"] for h in fresh.history if h["step"] > 10}
     branched = {h["step"]: h["val/loss"] for h in branch.history}
@@ -94,7 +93,7 @@ def test_a_budgets_branch_is_the_fresh_run_of_that_budget_bitwise(tmp_path):
     longest = {h["step"]: h["val/loss"] for h in results[0].history}
     assert longest[10] == next(h["val/loss"] for h in fresh.history if h["step"] == 10)
     # the branch trained its cooldown only, and says where it came from
-    client = mlflow.MlflowClient(tracking.tracking_uri_for(tmp_path / "branched", None))
+    client = Stores(tmp_path / "branched").client()
     tags = client.get_run(branch.run_id).data.tags
     assert tags["ablate.branched_from"] == results[0].run_id and tags["ablate.branch_step"] == "10"
     assert tags["ablate.budget_steps"] == "12" and tags["ablate.budget_tokens"] == str(12 * 256)
@@ -129,7 +128,8 @@ def test_a_killed_budgeted_sweep_resumes_without_retraining_a_finished_budget(tm
         done = [p for p in runs.glob("*/result.json")]
         if done:
             longest = done[0].parent
-            branch = next(p for p in runs.iterdir() if p != longest)
+            # the other run's folder; not `stable/`, the stable phase's kept checkpoints beside them
+            branch = next(p for p in runs.iterdir() if p not in (longest, runs / "stable"))
             if (branch / "checkpoints" / "best.ckpt").exists():  # its first validation: mid-cooldown
                 break
         assert proc.poll() is None, "the sweep ended before it could be killed"
@@ -144,7 +144,7 @@ def test_a_killed_budgeted_sweep_resumes_without_retraining_a_finished_budget(tm
     assert "steps in" in out and "[already finished]" in out
     branch_result = json.loads((branch / "result.json").read_text())
     assert branch_result["steps"] == 100
-    client = mlflow.MlflowClient(tracking.tracking_uri_for(workspace, None))
+    client = Stores(workspace).client()
     experiment = client.get_experiment_by_name("mini")
     children = [
         r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("ablate.role") != "sweep"

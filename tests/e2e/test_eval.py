@@ -13,7 +13,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import mlflow
 import pytest
 from mini_project import cli_command, run_cli, write_recipe
 
@@ -21,7 +20,7 @@ from ablate.cli import main
 from ablate.core.errors import UserError
 from ablate.probes.run import eval_settings, probe_after_trial, run_eval
 from ablate.recipe.resolve import load_recipe
-from ablate.store import tracking
+from ablate.store.stores import Stores
 
 SLOW_PROBE = '''
 """A plugin probe for the kill test: it records each call as a file and, while `block` exists, hangs on
@@ -52,7 +51,7 @@ class SlowProbe(Probe):
 
 
 def _client(workspace: Path):
-    return mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(workspace, None))
+    return Stores(workspace).client()
 
 
 def _children(workspace: Path, experiment: str = "mini"):
@@ -248,15 +247,15 @@ def test_after_trial_entry_point_and_eval_settings(tmp_path):
     children, _ = _children(tmp_path / "ws")
     run_id = next(r.info.run_id for r in children if r.info.run_name == "diff-s0")
     (run,) = recipe.resolve(None, seeds=[0], variants=["diff"])
-    assert probe_after_trial(recipe, run, run_id, workspace=tmp_path / "ws") == []  # after_trial off
+    assert probe_after_trial(recipe, run, run_id, Stores(tmp_path / "ws")) == []  # after_trial off
     recipe.raw["eval"] = {"tokens": 64, "probes": ["outliers"], "after_trial": True}
     recipe.raw.setdefault("scales", {})["tiny"] = {"eval": {"tokens": 999}}  # a scale overlays the section
     assert eval_settings(recipe, "paper").tokens == 64 and eval_settings(recipe, "tiny").tokens == 999
-    assert probe_after_trial(recipe, run, run_id, workspace=tmp_path / "ws") == ["outliers"]
-    assert probe_after_trial(recipe, run, run_id, workspace=tmp_path / "ws") == []  # already probed
-    summary = run_eval(recipe, workspace=tmp_path / "ws", reports=tmp_path / "rep")
+    assert probe_after_trial(recipe, run, run_id, Stores(tmp_path / "ws")) == ["outliers"]
+    assert probe_after_trial(recipe, run, run_id, Stores(tmp_path / "ws")) == []  # already probed
+    summary = run_eval(recipe, Stores(tmp_path / "ws"), reports=tmp_path / "rep")
     assert summary.probed == ["transformer-s0: outliers"] and summary.skipped == ["diff-s0: outliers"]
-    last = run_eval(recipe, workspace=tmp_path / "ws", reports=tmp_path / "rep", checkpoint="last")
+    last = run_eval(recipe, Stores(tmp_path / "ws"), reports=tmp_path / "rep", checkpoint="last")
     assert len(last.probed) == 2  # another checkpoint is another setting: probed again
     settings = json.loads(
         _client(tmp_path / "ws").get_run(run_id).data.tags["ablate.probe.outliers.settings"]
@@ -272,7 +271,7 @@ def test_after_trial_entry_point_and_eval_settings(tmp_path):
     ):
         recipe.raw["eval"] = bad
         with pytest.raises(UserError, match=match):
-            run_eval(recipe, workspace=tmp_path / "ws", reports=tmp_path / "rep")
+            run_eval(recipe, Stores(tmp_path / "ws"), reports=tmp_path / "rep")
 
 
 def test_eval_without_a_sweep_is_one_line_exit_2(tmp_path, capsys):

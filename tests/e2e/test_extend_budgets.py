@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import csv
 
-import mlflow
 import pytest
 from mini_project import write_recipe
 
 from ablate.recipe.resolve import load_recipe
-from ablate.store import tracking
+from ablate.store.stores import Stores
 from ablate.train.branches import stable_folder
 from ablate.train.loop import run_dir
 
@@ -28,7 +27,7 @@ def _sweep(main, recipe, workspace, reports, *more):
 
 
 def _runs_by_budget(workspace) -> dict[tuple[str, int], object]:
-    client = mlflow.MlflowClient(tracking.tracking_uri_for(workspace, None))
+    client = Stores(workspace).client()
     experiment = client.get_experiment_by_name("mini")
     return {
         (r.data.tags["ablate.variant"], int(r.data.tags["ablate.budget_steps"])): r
@@ -38,7 +37,7 @@ def _runs_by_budget(workspace) -> dict[tuple[str, int], object]:
 
 
 def _history(workspace, run_id: str, metric: str) -> dict[int, float]:
-    client = mlflow.MlflowClient(tracking.tracking_uri_for(workspace, None))
+    client = Stores(workspace).client()
     return {m.step: m.value for m in client.get_metric_history(run_id, metric)}
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import mlflow
 import pytest
 import yaml
 from mini_project import write_recipe
 
 from ablate.cli import main
-from ablate.store import tracking
+from ablate.store.stores import Stores
 
 # d_model 16..64 (head_dim 8: 2..8 Transformer heads, 1..4 Diff heads): non-embedding params 3.1K..99K.
 SIZES = {
@@ -52,7 +51,7 @@ def lopsided(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def _client(workspace: Path):
-    return mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(workspace, None))
+    return Stores(workspace).client()
 
 
 def _children(workspace: Path) -> list:

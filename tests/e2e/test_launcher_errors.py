@@ -14,7 +14,8 @@ from optuna.trial import TrialState
 from ablate.cli import main
 from ablate.core.errors import UserError
 from ablate.recipe.resolve import load_recipe
-from ablate.store.study import SweepContext, storage_for
+from ablate.store.stores import Stores
+from ablate.store.study import SweepContext
 from ablate.sweep.run import trial_id
 from ablate.sweep.slurm import check_cluster_stores
 from ablate.train.launch import free_port
@@ -53,8 +54,9 @@ def test_the_recipe_launcher_section_is_typed_and_set_from_the_command_line(tmp_
 def test_workers_on_several_nodes_are_refused_a_sqlite_store(tmp_path):
     recipe = load_recipe(write_recipe(tmp_path), [])
 
-    def ctx(**stores) -> SweepContext:
-        return SweepContext(recipe=recipe, scale=recipe.scale, seeds=[0], workspace=tmp_path / "ws", **stores)
+    def ctx(**urls) -> SweepContext:
+        stores = Stores(tmp_path / "ws", **urls)
+        return SweepContext(recipe=recipe, scale=recipe.scale, seeds=[0], stores=stores)
 
     with pytest.raises(
         UserError, match=r"^--tracking-uri: workers on 3 nodes cannot share a SQLite tracking"
@@ -72,7 +74,7 @@ def test_status_shows_finished_running_and_waiting_trials_and_where_they_run(tmp
     workspace = tmp_path / "ws"
     base = [str(recipe), "--workspace", str(workspace)]
     assert main(["sweep", *base, "--no-train", "--yes"]) == 0
-    storage = storage_for(None, workspace)
+    storage = Stores(workspace).storage()
     study = optuna.load_study(study_name="mini", storage=storage)
     first, second = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))[:2]
     for trial, state in ((first, TrialState.COMPLETE), (second, TrialState.RUNNING)):  # as two workers would

@@ -7,13 +7,12 @@ from __future__ import annotations
 import os
 
 import lightning as L
-import mlflow
 import pytest
 import torch
 from mini_project import write_recipe
 
 from ablate.recipe.resolve import load_recipe
-from ablate.store.tracking import tracking_uri_for
+from ablate.store.stores import Stores
 from ablate.sweep import preemption
 from ablate.train.loop import run_dir, train_run
 
@@ -45,7 +44,7 @@ def test_a_warned_run_checkpoints_at_its_step_and_resumes_to_the_same_numbers(tm
         with pytest.raises(preemption.Preempted) as stopped:
             train_run(
                 run,
-                workspace=warned_ws,
+                Stores(warned_ws),
                 progress=False,
                 callbacks=[WarnAt(7), preemption.CheckpointOnWarning(saved.append)],
             )
@@ -55,10 +54,10 @@ def test_a_warned_run_checkpoints_at_its_step_and_resumes_to_the_same_numbers(tm
     last = run_dir(warned_ws, run) / "checkpoints" / "last.ckpt"
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 7  # not the val at 5
 
-    resumed = train_run(run, workspace=warned_ws, progress=False)
-    fresh = train_run(run, workspace=fresh_ws, progress=False)
+    resumed = train_run(run, Stores(warned_ws), progress=False)
+    fresh = train_run(run, Stores(fresh_ws), progress=False)
     assert resumed.steps == fresh.steps == 12
     assert resumed.val_loss == fresh.val_loss
-    client = mlflow.MlflowClient(tracking_uri_for(warned_ws, None))
+    client = Stores(warned_ws).client()
     steps = sorted(m.step for m in client.get_metric_history(resumed.run_id, "train/loss"))
     assert steps == list(range(1, 13))  # went on from step 7: none twice, none missing

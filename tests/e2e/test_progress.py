@@ -6,11 +6,10 @@ import io
 import re
 
 import lightning.pytorch as L
-import mlflow
 import torch
 from mini_project import run_cli
 
-from ablate.store import tracking
+from ablate.store.stores import Stores
 from ablate.train.progress import StepProgress, format_duration, progress_line
 
 
@@ -52,7 +51,7 @@ def test_a_training_run_prints_the_progress_line_in_its_log(tmp_path, mini_recip
         last,
     )
     assert match, last
-    client = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(workspace, None))
+    client = Stores(workspace).client()
     (run,) = client.search_runs([client.get_experiment_by_name("mini").experiment_id])
     train_loss = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train/loss")}[8]
     val_loss = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "val/loss")}[8]

@@ -7,11 +7,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import mlflow
 import yaml
 from mini_project import MINI, run_cli, write_recipe
 
-from ablate.store import tracking
+from ablate.store.stores import Stores
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +57,7 @@ def test_readme_plugin_checks_and_sweeps_beside_table6_rows(tmp_path):
         check=True,
         timeout=600,
     )
-    client = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(tmp_path / "ws", None))
+    client = Stores(tmp_path / "ws").client()
     runs = client.search_runs([client.get_experiment_by_name("mini").experiment_id])
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert sorted(r.info.run_name for r in children) == ["diff-s0", "gated-s0", "transformer-s0"]

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-import mlflow
 import pytest
 from mini_project import write_recipe
 
 from ablate.cli import main
-from ablate.store import tracking
+from ablate.store.stores import Stores
 
 SIZES = {  # head_dim 8: 2 and 4 Transformer heads; 1 and 2 Diff heads
     "s16": {"model": {"d_model": 16, "n_layers": 1}},
@@ -34,7 +33,7 @@ def test_a_size_budget_grid_trains_each_size_arm_seed_once_with_one_run_per_budg
         main(["sweep", str(recipe), "--yes", "--workspace", str(ws), "--reports", str(tmp_path / "rep")]) == 0
     )
 
-    client = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(ws, None))
+    client = Stores(ws).client()
     exp = client.get_experiment_by_name("mini")
     runs = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("ablate.role") != "sweep"]
     tags = [r.data.tags for r in runs]

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import mlflow
 import optuna
 import pytest
 from mini_project import run_cli, write_recipe
@@ -22,7 +21,7 @@ from optuna.trial import TrialState
 from ablate.cli import main
 from ablate.recipe.resolve import Variant
 from ablate.report.table import RunRecord, comparisons_note, table_rows
-from ablate.store import tracking
+from ablate.store.stores import Stores
 
 
 def _study(workspace: Path, name: str = "mini"):
@@ -33,7 +32,7 @@ def _study(workspace: Path, name: str = "mini"):
 
 
 def _mlflow_runs(workspace: Path, experiment: str = "mini"):
-    client = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(workspace, None))
+    client = Stores(workspace).client()
     exp = client.get_experiment_by_name(experiment)
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if r.data.tags.get("ablate.role") == "sweep"]
@@ -98,7 +97,7 @@ def test_diverging_run_is_marked_failed_and_the_sweep_completes(tmp_path, capsys
     assert by_variant["transformer"].state == by_variant["diff"].state == TrialState.COMPLETE
     failed = by_variant["unstable"]
     assert failed.state == TrialState.FAIL and "diverged" in failed.user_attrs["failure_reason"]
-    client = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(tmp_path / "ws", None))
+    client = Stores(tmp_path / "ws").client()
     run = client.get_run(failed.user_attrs["mlflow_run_id"])
     assert run.info.status == "FAILED" and "nan" in run.data.tags["ablate.failure_reason"].lower()
     table = (tmp_path / "rep" / "mini" / "table.md").read_text()
@@ -240,7 +239,7 @@ def test_grid_search_keeps_best_lr_per_variant_and_warns_at_the_edge(tmp_path, c
     trials = study.get_trials()
     assert len(trials) == 6 and all(t.state == TrialState.COMPLETE for t in trials)
     assert sorted({t.params["base.train.lr"] for t in trials}) == [1.0e-4, 3.0e-4, 3.0e-3]
-    client = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(tmp_path / "ws", None))
+    client = Stores(tmp_path / "ws").client()
     for t in trials:  # each trial trained with its own learning rate
         assert (
             float(client.get_run(t.user_attrs["mlflow_run_id"]).data.params["train.lr"])

@@ -8,7 +8,6 @@ import textwrap
 from pathlib import Path
 
 import lightning.pytorch as L
-import mlflow
 import pytest
 import torch
 import yaml
@@ -18,7 +17,7 @@ from ablate.cli import main
 from ablate.core.contract import AttentionMaps
 from ablate.core.registry import register
 from ablate.recipe.resolve import load_recipe
-from ablate.store import tracking
+from ablate.store.stores import Stores
 from ablate.train.loop import train_run
 
 PLUGIN = '''
@@ -97,7 +96,7 @@ def _write(tmp_path: Path, recipe: dict) -> Path:
 
 
 def _client(workspace: Path):
-    return mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(workspace, None))
+    return Stores(workspace).client()
 
 
 class Batches(L.Callback):
@@ -127,7 +126,7 @@ def test_plugin_task_trains_from_a_recipe(tmp_path, monkeypatch):
     (run,) = load_recipe(recipe).resolve()
     assert run.config["data"]["task"] == {"name": "test_copy_first", "length": 12}
     workspace = tmp_path / "ws"
-    result = train_run(run, workspace=workspace, progress=False)
+    result = train_run(run, Stores(workspace), progress=False)
     client = _client(workspace)
     metrics = client.get_run(result.run_id).data.metrics
     for key in ("val/accuracy", "val/answer_loss", "val/loss", "val/accuracy/length_12", "train/loss"):
@@ -176,7 +175,7 @@ def test_every_variant_sees_the_same_samples_and_attention_is_logged(tmp_path):
         seeds=[1], variants=["uniform"]
     ):
         batches = Batches()
-        result = train_run(run, workspace=tmp_path / "ws", progress=False, callbacks=[batches])
+        result = train_run(run, Stores(tmp_path / "ws"), progress=False, callbacks=[batches])
         seen[run.name] = torch.stack(batches.batches)
         metrics = _client(tmp_path / "ws").get_run(result.run_id).data.metrics
         assert "val/accuracy_cell/level_N2R2/depth_100/length_97" in metrics
@@ -296,7 +295,7 @@ def test_training_loss_is_on_the_answers_or_on_every_real_token(tmp_path, task_l
         },
     )
     (run,) = load_recipe(recipe).resolve()
-    result = train_run(run, workspace=tmp_path / "ws", progress=False)
+    result = train_run(run, Stores(tmp_path / "ws"), progress=False)
     logged = {
         m.step: m.value for m in _client(tmp_path / "ws").get_metric_history(result.run_id, "train/loss")
     }

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import lightning.pytorch as L
-import mlflow
 import numpy as np
 import pytest
 import torch
@@ -14,7 +13,7 @@ from mini_project import write_recipe
 
 from ablate.cli import main
 from ablate.recipe.resolve import load_recipe
-from ablate.store import tracking
+from ablate.store.stores import Stores
 from ablate.train.loop import lr_factor, train_run
 
 
@@ -24,7 +23,7 @@ def _run(recipe_path: Path, variant: str, overrides=(), seed: int = 0):
 
 
 def _client(workspace: Path):
-    return mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(workspace, None))
+    return Stores(workspace).client()
 
 
 def _history(client, run_id: str, key: str) -> dict[int, float]:
@@ -53,7 +52,7 @@ class CrashAt(L.Callback):
 
 def test_run_records_metrics_params_tags_and_recipe(mini_recipe, tmp_path):
     workspace = tmp_path / "ws"
-    result = train_run(_run(mini_recipe, "diff"), workspace=workspace, progress=False)
+    result = train_run(_run(mini_recipe, "diff"), Stores(workspace), progress=False)
     assert result.steps == 8 and np.isfinite(result.val_loss)
     client = _client(workspace)
     (experiment,) = [e for e in client.search_experiments() if e.name == "mini"]
@@ -115,7 +114,7 @@ def test_same_seed_gives_identical_first_batch_and_initial_loss_across_variants(
         callback = FirstBatch()
         results[variant] = train_run(
             _run(mini_recipe, variant, [("base.train.steps", 2)]),
-            workspace=tmp_path / "ws",
+            Stores(tmp_path / "ws"),
             progress=False,
             callbacks=[callback],
         )
@@ -129,7 +128,7 @@ def test_same_seed_gives_identical_first_batch_and_initial_loss_across_variants(
     callback = FirstBatch()
     train_run(
         _run(mini_recipe, "transformer", [("base.train.steps", 1)], seed=1),
-        workspace=tmp_path / "ws",
+        Stores(tmp_path / "ws"),
         progress=False,
         callbacks=[callback],
     )
@@ -140,9 +139,7 @@ def test_same_seed_same_curve_in_deterministic_fp32(mini_recipe, tmp_path):
     overrides = [("base.train.deterministic", True)]
     curves = []
     for i in range(2):
-        result = train_run(
-            _run(mini_recipe, "diff", overrides), workspace=tmp_path / f"ws{i}", progress=False
-        )
+        result = train_run(_run(mini_recipe, "diff", overrides), Stores(tmp_path / f"ws{i}"), progress=False)
         curves.append(_history(_client(tmp_path / f"ws{i}"), result.run_id, "train/loss"))
     assert len(curves[0]) == 8 and curves[0] == curves[1]
 
@@ -150,21 +147,19 @@ def test_same_seed_same_curve_in_deterministic_fp32(mini_recipe, tmp_path):
 def test_crashed_run_resumes_at_same_step_and_lr_without_second_mlflow_run(mini_recipe, tmp_path):
     overrides = [("base.train.deterministic", True)]
     reference = train_run(
-        _run(mini_recipe, "transformer", overrides), workspace=tmp_path / "ref", progress=False
+        _run(mini_recipe, "transformer", overrides), Stores(tmp_path / "ref"), progress=False
     )
     ref_loss = _history(_client(tmp_path / "ref"), reference.run_id, "train/loss")
 
     run = _run(mini_recipe, "transformer", overrides)
     workspace = tmp_path / "ws"
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train_run(
-            run, workspace=workspace, progress=False, callbacks=[CrashAt(step=6)]
-        )  # checkpoint at step 4
+        train_run(run, Stores(workspace), progress=False, callbacks=[CrashAt(step=6)])  # checkpoint at step 4
     client = _client(workspace)
     (crashed,) = client.search_runs([client.get_experiment_by_name("mini").experiment_id])
     assert crashed.info.status == "RUNNING"  # left for the next attempt
 
-    result = train_run(run, workspace=workspace, progress=False)
+    result = train_run(run, Stores(workspace), progress=False)
     runs = client.search_runs([client.get_experiment_by_name("mini").experiment_id])
     assert len(runs) == 1 and runs[0].info.run_id == crashed.info.run_id and runs[0].info.status == "FINISHED"
     assert result.steps == 8
@@ -179,8 +174,8 @@ def test_crashed_run_resumes_at_same_step_and_lr_without_second_mlflow_run(mini_
 
 def test_finished_run_is_not_trained_again(mini_recipe, tmp_path):
     run = _run(mini_recipe, "transformer", [("base.train.steps", 2)])
-    first = train_run(run, workspace=tmp_path / "ws", progress=False)
-    again = train_run(run, workspace=tmp_path / "ws", progress=False)
+    first = train_run(run, Stores(tmp_path / "ws"), progress=False)
+    again = train_run(run, Stores(tmp_path / "ws"), progress=False)
     assert (
         again.status == "already-finished"
         and again.run_id == first.run_id

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ablate.store import tracking
+from ablate.store.stores import Stores
 from ablate.train.launch import free_port
 
 
@@ -114,7 +115,7 @@ def _start_ui(workspace: Path, port: int) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_ui_prints_one_link_the_comparison_of_a_finished_sweep(finished_sweep):
-    client = tracking.client_for(finished_sweep, None)
+    client = Stores(finished_sweep).client()
     experiment = client.get_experiment_by_name("mini")
     finished = {
         r.info.run_id
@@ -190,7 +191,7 @@ def test_ui_is_gone_with_its_children_and_port_within_5_s_of_a_signal(tmp_path, 
 
 def test_ui_tags_experiments_of_older_stores_as_training(tmp_path):
     workspace = tmp_path / "ws"
-    client = tracking.client_for(workspace, None)
+    client = Stores(workspace).client()
     old = client.create_experiment("made-before-the-tag")
     chosen = client.create_experiment(
         "kind-chosen-by-a-user", tags={tracking.EXPERIMENT_KIND_TAG: "finetuning"}

@@ -20,7 +20,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import mlflow
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,7 +28,7 @@ from scaleout_helpers import cli_command, cli_env, run_cli, write_recipe
 from ablate.data import TrainBatches, load_tokens, train_batch
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import load_recipe
-from ablate.store import tracking
+from ablate.store.stores import Stores
 from ablate.train.launch import free_port
 
 pytestmark = pytest.mark.scaleout
@@ -53,7 +52,7 @@ def _recipe(folder: Path, filename: str, **train) -> Path:
 
 def _history(workspace: Path) -> tuple[object, dict[str, dict[int, float]]]:
     """The single MLflow run of the workspace and its metrics, {key: {step: last value logged}}."""
-    client = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri_for(workspace, None))
+    client = Stores(workspace).client()
     runs = client.search_runs([client.get_experiment_by_name("mini").experiment_id])
     assert len(runs) == 1, f"{len(runs)} MLflow runs: only global rank 0 may open one"
     metrics = {}

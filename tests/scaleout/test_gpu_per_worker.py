@@ -14,7 +14,7 @@ from scaleout_helpers import write_recipe
 import ablate.sweep.run as sweep_run
 from ablate.cli import main
 from ablate.core.errors import UserError
-from ablate.store.study import storage_for
+from ablate.store.stores import Stores
 
 
 def test_each_worker_gets_its_own_devices_and_a_ddp_trial_gets_several():
@@ -43,7 +43,7 @@ def test_four_local_workers_on_a_machine_with_four_gpus_train_on_four_devices(tm
     assert sorted(started.values()) == ["0", "1", "2", "3"], started
     import optuna
 
-    study = optuna.load_study(study_name="mini", storage=storage_for(None, workspace))
+    study = optuna.load_study(study_name="mini", storage=Stores(workspace).storage())
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     assert len(trials) == 4
     device_of = {}  # a worker trains every trial it takes on its own devices

@@ -12,13 +12,12 @@ import subprocess
 import time
 from pathlib import Path
 
-import mlflow
 import optuna
 import pytest
 from optuna.trial import TrialState
 from scaleout_helpers import run_cli, write_recipe
 
-from ablate.store.tracking import tracking_uri_for
+from ablate.store.stores import Stores
 
 pytestmark = pytest.mark.scaleout
 
@@ -26,9 +25,7 @@ STEPS, VAL_EVERY = 60, 20
 
 
 def _study(workspace: Path):
-    from ablate.store.study import storage_for
-
-    return optuna.load_study(study_name="mini", storage=storage_for(None, workspace))
+    return optuna.load_study(study_name="mini", storage=Stores(workspace).storage())
 
 
 def _wait_for(what: str, found, array: str | None = None, logs: Path | None = None, poll_s: float = 0.2):
@@ -68,7 +65,7 @@ def test_a_sweep_on_slurm_survives_a_preemption_and_a_cancel(slurm, tmp_path):
     out = run_cli(*args, cwd=tmp_path, check=True).stdout
     array = re.search(r"submitted Slurm job array (\d+)", out).group(1)  # returns once submitted
 
-    client = mlflow.MlflowClient(tracking_uri_for(workspace, None))
+    client = Stores(workspace).client()
     study = _study(workspace)
     jobs = dict(array=array, logs=workspace / "slurm" / array)
     warned, warned_task = _wait_for("a trial training", lambda: _running(study, client), **jobs)

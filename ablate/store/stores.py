@@ -1,0 +1,101 @@
+"""Where a study's records live: the workspace folder (checkpoints, caches, embedded stores), the MLflow
+tracking URI and the Optuna storage URL; None = the workspace's embedded store.
+
+- MLflow: SQLite at `<workspace>/mlflow.db` by default; `http://host:5000` (`ablate server`), a
+  database URL, or `export:FOLDER` (a report folder's runs, read-only: ablate.store.export).
+- Optuna: the journal file `<workspace>/optuna.journal` by default; `journal:PATH` (a shared filesystem
+  for workers on several nodes), or a database URL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ablate.core.errors import UserError
+from ablate.store import tracking
+
+
+@dataclass(frozen=True)
+class Stores:
+    workspace: Path
+    tracking_uri: str | None = None
+    storage_url: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "workspace", Path(self.workspace))
+
+    @property
+    def from_export(self) -> bool:
+        """Whether the tracking URI names a report folder's export (ablate.store.export), read-only."""
+        from ablate.store import export
+
+        return bool(self.tracking_uri) and self.tracking_uri.startswith(export.SCHEME)
+
+    def mlflow_uri(self) -> str:
+        """The tracking URI MLflow opens: the given one, or the workspace's SQLite file."""
+        if self.tracking_uri:
+            return tracking.database_url(self.tracking_uri)
+        return f"sqlite:///{tracking.ensure_workspace(self.workspace) / 'mlflow.db'}"
+
+    def client(self) -> Any:
+        """An `MlflowClient` of the tracking store (or, for an export, its runs read with no store)."""
+        from ablate.store import export
+
+        if self.from_export:
+            return export.ExportedRuns(Path(self.tracking_uri[len(export.SCHEME) :]))
+        import logging
+
+        import mlflow
+
+        # The migration chatter on first use of a SQLite store says nothing a user needs.
+        for name in ("alembic", "mlflow.store.db.utils"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        return mlflow.MlflowClient(tracking_uri=self.mlflow_uri())
+
+    def optuna_url(self) -> str:
+        """The Optuna storage as a URL a worker is given: the given one, or the workspace's journal."""
+        return self.storage_url or f"journal:{tracking.ensure_workspace(self.workspace) / 'optuna.journal'}"
+
+    def storage(self) -> Any:
+        """The Optuna storage: a journal file (the workspace's by default) or an RDB."""
+        import optuna
+        from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+        url = self.optuna_url()
+        if url.startswith("journal:"):
+            path = Path(url[len("journal:") :])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # The O_EXCL lock file Optuna recommends on NFSv3+, so workers on several nodes of a shared
+            # filesystem take turns (it excludes the default symlink lock too: both are `<path>.lock`).
+            lock = JournalFileOpenLock(str(path))
+            return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
+        if "://" not in url:
+            raise UserError(
+                f"--storage: {url!r} is not a URL; use postgresql://user@host/db, sqlite:///file.db "
+                "or journal:/path/file"
+            )
+        try:
+            return optuna.storages.RDBStorage(
+                tracking.database_url(url), engine_kwargs={"pool_pre_ping": True}
+            )
+        except Exception as e:  # driver missing, server down, bad credentials: all the user's to fix
+            raise UserError(
+                f"--storage: cannot open {url}: {type(e).__name__}: {str(e).splitlines()[0]}"
+            ) from None
+
+
+def sweep_runs_url(
+    stores: Stores, recipe: str, scale: str, ui_url: str = "http://127.0.0.1:5000"
+) -> str | None:
+    """The link that opens a sweep's runs as a comparison of its variants (ablate.store.comparison), its
+    view saved first; None when the store has no such experiment yet."""
+    from ablate.store import comparison
+
+    client = stores.client()
+    experiment = client.get_experiment_by_name(tracking.experiment_name(recipe, scale))
+    if experiment is None:
+        return None
+    comparison.save_view(client, experiment.experiment_id)
+    return comparison.view_url(ui_url, experiment.experiment_id)
