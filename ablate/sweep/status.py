@@ -74,7 +74,7 @@ def status_report(ctx: SweepContext, study: Any, now: float | None = None, clien
     progress: dict[int, int] = {}
     if running:
         try:
-            client = client or tracking.client_for(ctx.workspace, ctx.tracking_uri)
+            client = client or ctx.stores.client()
             progress = {t.number: running_tokens(client, run_of(t)) for t in running}
         except Exception:  # the tracking store is unreachable: running trials count nothing yet
             progress = {}

@@ -19,8 +19,7 @@ from optuna.trial import TrialState
 
 from ablate.cli import main
 from ablate.core.tables import si
-from ablate.store.study import storage_for
-from ablate.store.tracking import tracking_uri_for
+from ablate.store.stores import Stores
 
 STEPS, BATCH_TOKENS = 64, 256
 
@@ -72,7 +71,7 @@ def test_status_counts_the_plans_tokens_and_a_running_trials_progress(tmp_path, 
         while "trial 1/2:" not in log.read_text():  # its MLflow run is open: the store is made
             assert proc.poll() is None, log.read_text()
             time.sleep(0.1)
-        client = mlflow.MlflowClient(tracking_uri_for(workspace, None))
+        client = mlflow.MlflowClient(Stores(workspace).mlflow_uri())
         while not _branch_training(client):
             assert proc.poll() is None, f"the sweep ended before a branch trained:\n{log.read_text()}"
             time.sleep(0.05)
@@ -86,7 +85,7 @@ def test_status_counts_the_plans_tokens_and_a_running_trials_progress(tmp_path, 
     planned = re.search(r"plan: 2 trials, (\S+) tokens", log.read_text()).group(1)
     # 2 trials x (64 steps + the cooldowns of the budgets of 32 and 16 steps: 6 + 3) x 256 tokens
     assert planned == si(2 * (STEPS + 6 + 3) * BATCH_TOKENS)
-    study = optuna.load_study(study_name="mini", storage=storage_for(None, workspace))
+    study = optuna.load_study(study_name="mini", storage=Stores(workspace).storage())
     assert study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))  # killed mid-trial
     done = _logged_tokens(client)
     assert done > STEPS * BATCH_TOKENS  # the longest run and part of a branch

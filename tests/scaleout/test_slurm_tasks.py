@@ -21,8 +21,8 @@ from scaleout_helpers import run_cli, write_recipe
 from ablate.core.errors import UserError
 from ablate.core.launcher import SlurmOptions
 from ablate.recipe.resolve import load_recipe
-from ablate.store.study import SweepContext, storage_for
-from ablate.store.tracking import tracking_uri_for
+from ablate.store.stores import Stores
+from ablate.store.study import SweepContext
 from ablate.sweep.slurm import check_tasks
 
 pytestmark = pytest.mark.scaleout
@@ -37,7 +37,7 @@ def _squeue(job: str) -> str:
 
 
 def _losses(workspace: Path) -> tuple[object, dict[str, dict[int, float]]]:
-    client = mlflow.MlflowClient(tracking_uri_for(workspace, None))
+    client = mlflow.MlflowClient(Stores(workspace).mlflow_uri())
     experiment = client.get_experiment_by_name("mini")
     runs = [
         r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("ablate.role") != "sweep"
@@ -65,7 +65,7 @@ def test_a_worker_of_two_slurm_tasks_trains_its_trial_as_two_process_ddp(slurm, 
         time.sleep(0.5)
     shown = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(logs.glob("*_log.*")))
 
-    study = optuna.load_study(study_name="mini", storage=storage_for(None, workspace))
+    study = optuna.load_study(study_name="mini", storage=Stores(workspace).storage())
     trials = study.get_trials(deepcopy=False)
     assert [t.state for t in trials] == [TrialState.COMPLETE], shown  # the trial ran once
     assert "training diff-s0" in shown  # task 1 followed task 0 and trained the run as its rank
@@ -85,7 +85,7 @@ def test_a_worker_of_two_slurm_tasks_trains_its_trial_as_two_process_ddp(slurm, 
 
 def test_tasks_per_worker_must_match_each_runs_ddp_processes(tmp_path):
     recipe = load_recipe(write_recipe(tmp_path, base__train__devices=2, base__train__accelerator="cpu"), [])
-    ctx = SweepContext(recipe=recipe, scale=recipe.scale, seeds=[0], workspace=tmp_path / "ws")
+    ctx = SweepContext(recipe=recipe, scale=recipe.scale, seeds=[0], stores=Stores(tmp_path / "ws"))
     check_tasks(ctx, SlurmOptions(tasks_per_node=2))
     with pytest.raises(
         UserError, match=r"^launcher.slurm.tasks_per_node: 2 tasks on each of 2 node\(s\) per"
