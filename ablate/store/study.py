@@ -164,11 +164,21 @@ def completed_spans(trials: Any) -> list[tuple[Any, Any]]:
     ]
 
 
+def settled_plans(trials: Any) -> dict[str, Any]:
+    """Plan key -> its trial, for the plans whose latest trial is settled (`is_settled`). A later trial of
+    a plan (a retry, or an extension of a budgeted study to larger budgets) decides: while it waits or
+    runs, its plan is not done, however its earlier trials ended."""
+    latest: dict[str, Any] = {}
+    for trial in trials:  # in trial-number order: the latest wins
+        latest[trial.user_attrs.get("plan")] = trial
+    return {plan: t for plan, t in latest.items() if is_settled(t)}
+
+
 def progress_counts(study: Any) -> tuple[int, int, list[float]]:
     """(finished plans, all plans, durations of finished trials in seconds)."""
     trials = study.get_trials(deepcopy=False)
     plans = {t.user_attrs.get("plan") for t in trials}
-    finished = {t.user_attrs.get("plan") for t in trials if is_settled(t)}
+    finished = settled_plans(trials)
     durations = [(end - start).total_seconds() for start, end in completed_spans(trials)]
     return len(finished), len(plans), durations
 

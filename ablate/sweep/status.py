@@ -21,7 +21,14 @@ from typing import Any
 from ablate.core.tables import format_seconds, markdown_table, si
 from ablate.recipe.resolve import RunSpec
 from ablate.store import tracking
-from ablate.store.study import SweepContext, is_settled, plan_key, progress_counts, trial_plan
+from ablate.store.study import (
+    SweepContext,
+    is_settled,
+    plan_key,
+    progress_counts,
+    settled_plans,
+    trial_plan,
+)
 
 
 def running_tokens(client: Any, run: RunSpec) -> int:
@@ -59,7 +66,7 @@ def status_report(ctx: SweepContext, study: Any, now: float | None = None, clien
     now = time.time() if now is None else now
     trials = study.get_trials(deepcopy=False)
     plans = {t.user_attrs.get("plan") for t in trials}
-    settled = {t.user_attrs.get("plan"): t for t in trials if is_settled(t)}
+    settled = settled_plans(trials)
     finished = [t for t in settled.values() if t.state == TrialState.COMPLETE]
     failed = [t for t in settled.values() if t.state == TrialState.FAIL]
     running = [t for t in trials if t.state == TrialState.RUNNING]
