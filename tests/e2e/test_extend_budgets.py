@@ -60,10 +60,14 @@ def test_an_extended_budgeted_study_trains_only_the_new_steps_and_matches_a_fres
         for b in (4, 8)
     }
 
-    assert _sweep(main, extended, ws, rep) == 0
+    assert _sweep(main, extended, ws, rep, "--no-train") == 0  # the extension enqueued, not trained yet
     out = capsys.readouterr().out
     assert "plan: 1 trials, 2.56K tokens" in out  # steps 7-16 of 256 tokens: the new steps only
-    assert "[sweep mini] 0/1 trials finished" in out  # the finished short study's trial is not the extension
+    assert main(["status", str(extended), "--workspace", str(ws)]) == 0
+    status = capsys.readouterr().out  # the short study's finished trial does not count for the extension
+    assert "sweep mini: 0/1 trials finished, 0 running, 1 waiting" in status, status
+    assert _sweep(main, extended, ws, rep) == 0
+    out = capsys.readouterr().out
     assert out.count("continuing from the stable phase kept at step 6; training 10 steps") == 1
     for (variant, budget), mtime in finished.items():  # finished budgets were not retrained
         run = next(r for r in runs if r.variant == variant)
