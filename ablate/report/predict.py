@@ -9,7 +9,7 @@ interval, into `predictions.csv`. A row whose curve has a parameter at its bound
 When the study is extended to those budgets, its report (`ablate.report.budgets`) reads `predictions.csv`
 from its folder and sets each measured gap beside its prediction (`predicted_vs_measured.csv`).
 
-    python -m ablate.report.predict reports/table6-cpu-tokens/budgets.csv --at 8388608 16777216
+    python -m ablate.report.predict reports/table6-cpu-tokens-four-rows/budgets.csv --at 8388608 16777216
 
 A module entry point rather than a verb: it reads only a CSV the report wrote, no recipe or store.
 """
