@@ -148,8 +148,10 @@ def trend_rows(
     order: list[str], records: list[Any], labels: dict[str, str], doublings: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """Per row: the change of the gap over the last doubling (of `doublings`), and the fitted gap at
-    EXTRAPOLATE x the largest budget (ablate.fitting.gap)."""
+    EXTRAPOLATE x the largest budget (ablate.fitting.gap), with the fits' parameters that sit at a bound
+    (`extrapolation_at_bound`: the extrapolation then rests on the constraint, and is not quoted)."""
     from ablate.fitting.gap import fitted_gap
+    from ablate.report.predict import bound_flags
 
     rows = []
     for size, reference, ref, variant, mine, budgets in row_pairs(order, records):
@@ -157,6 +159,7 @@ def trend_rows(
         last = mine_doublings[-1] if mine_doublings else None
         at = EXTRAPOLATE * budgets[-1] if budgets else math.nan
         fitted = fitted_gap(ref, mine, at, n_boot=N_BOOT) if len(budgets) >= 3 else None
+        flags = bound_flags(ref, labels[reference]) + bound_flags(mine, labels[variant]) if fitted else []
         rows.append(
             {
                 "variant": variant,
@@ -174,6 +177,7 @@ def trend_rows(
                 "extrapolated_lo": fitted.lo if fitted else math.nan,
                 "extrapolated_hi": fitted.hi if fitted else math.nan,
                 "bootstrap_draws": fitted.n_boot if fitted else 0,
+                "extrapolation_at_bound": "; ".join(flags),
                 "_doublings": mine_doublings,
             }
         )
@@ -214,7 +218,13 @@ def trend_sentence(row: dict[str, Any], gap_at_largest: dict[str, Any] | None) -
             f"{stats.format_number(gap_at_largest['hi'], sign=True)}] at {si(gap_at_largest['tokens'])} tokens; "
         )
     text += moving
-    if math.isfinite(row["extrapolated_gap"]):
+    if row.get("extrapolation_at_bound"):
+        text += (
+            f". Extrapolation to {si(row['extrapolated_tokens'])} tokens not quoted: a fitted curve has a "
+            f"parameter at its bound ({row['extrapolation_at_bound']}), so its value there rests on that "
+            "constraint, not on the data (the numbers are in `trend.csv`)"
+        )
+    elif math.isfinite(row["extrapolated_gap"]):
         interval = (
             f" [{stats.format_number(row['extrapolated_lo'], sign=True)}, "
             f"{stats.format_number(row['extrapolated_hi'], sign=True)}]"

@@ -106,3 +106,37 @@ def test_the_budget_report_sets_the_predictions_beside_the_measured_gaps(tmp_pat
         and "| not measured (fit: Diff_No_Gn: E at its lower bound 0) |" in text
     )
     assert f"| {stats.format_number(rows[0]['predicted_gap'], sign=True)} [" in text
+
+
+def test_the_budget_reports_extrapolation_is_not_quoted_when_a_fit_sits_at_a_bound():
+    from ablate.report.budgets import doubling_rows, trend_rows, trend_sentence
+    from ablate.report.table import RunRecord
+
+    order = ["transformer", "diff", STRAIGHT]
+    labels = {v: v.title() for v in order}
+    records = [
+        RunRecord(
+            variant=v,
+            seed=s,
+            size="",
+            state="finished",
+            run_id=f"{v}-{s}-{t}",
+            values={"valid": _loss(v, t)},
+            tags={"ablate.tokens": str(t)},
+        )
+        for v in order
+        for s in (0, 1, 2)
+        for t in BUDGETS
+    ]
+    rows = trend_rows(order, records, labels, doubling_rows(order, records, labels))
+    curved, straight = rows
+    assert curved["extrapolation_at_bound"] == "" and straight["extrapolation_at_bound"] == (
+        "Diff_No_Gn: E at its lower bound 0"
+    )
+    for row in rows:
+        row["reference_label"], row["_gap_sign"] = "Transformer", 1.0
+    quoted = trend_sentence(curved, None)
+    assert re.search(r"Extrapolation \(fitted .*\): [−+]\d", quoted), quoted
+    withheld = trend_sentence(straight, None)
+    assert "not quoted" in withheld and "E at its lower bound 0" in withheld
+    assert f"{straight['extrapolated_gap']:+.3f}".replace("-", "−") not in withheld
