@@ -19,6 +19,8 @@ from ablate.store import tracking
 from ablate.store.stores import Stores
 from ablate.train.launch import free_port
 
+HANG_GUARD = 120  # seconds: a hang guard only; stopping takes seconds, even on a loaded machine
+
 
 def _descendants(pid: int) -> set[int]:
     """Every live process below `pid`, read from /proc (parent links), whatever its process group."""
@@ -82,24 +84,27 @@ def _get(url: str, data: dict | None = None) -> str:
 
 
 def _sigterm_stops_everything(proc: subprocess.Popen, port: int) -> None:
-    _signal_stops_everything(proc, port, signal.SIGTERM, within=60)
+    _signal_stops_everything(proc, port, signal.SIGTERM)
 
 
-def _signal_stops_everything(proc: subprocess.Popen, port: int, signum: int, within: float) -> None:
+def _signal_stops_everything(proc: subprocess.Popen, port: int, signum: int) -> None:
     """`signum` to the ablate process only (as `kill PID` does; Ctrl-C's SIGINT reaches only ablate too,
-    MLflow runs in a session of its own): within `within` seconds it has exited 0, every process below it
-    is gone and the port is free. The clock is a hang guard: the test waits for those events."""
+    MLflow runs in a session of its own): it exits 0, and by then every process below it is gone and the
+    port is free (ablate waits for MLflow's whole process group before it exits). The waits are for those
+    events; their clocks are hang guards, far above the seconds this takes on a loaded machine."""
     children = _descendants(proc.pid)
     assert children, "the MLflow server runs in child processes; none found"
+    start = time.monotonic()
     proc.send_signal(signum)
-    deadline = time.monotonic() + within
-    assert proc.wait(timeout=within) == 0
-    # orphans reparented to init are reaped asynchronously
-    while time.monotonic() < deadline and (any(_alive(pid) for pid in children) or not _port_free(port)):
+    assert proc.wait(timeout=HANG_GUARD) == 0
+    took = time.monotonic() - start
+    # orphans reparented to init are reaped asynchronously: wait for that, not for a deadline
+    guard = time.monotonic() + HANG_GUARD
+    while time.monotonic() < guard and (any(_alive(pid) for pid in children) or not _port_free(port)):
         time.sleep(0.05)
-    survivors = [pid for pid in children if _alive(pid)]
-    assert not survivors, f"left running {within} s after {signal.Signals(signum).name}: {survivors}"
-    assert _port_free(port), f"port {port} still bound {within} s after {signal.Signals(signum).name}"
+    name = signal.Signals(signum).name
+    assert not [pid for pid in children if _alive(pid)], f"processes left running after {name} ({took:.1f} s)"
+    assert _port_free(port), f"port {port} still bound after {name} ({took:.1f} s)"
 
 
 def _start_ui(workspace: Path, port: int) -> subprocess.Popen:
@@ -177,12 +182,12 @@ def test_ui_prints_one_link_the_comparison_of_a_finished_sweep(finished_sweep):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_ui_is_gone_with_its_children_and_port_within_5_s_of_a_signal(tmp_path, signum):
+def test_ui_leaves_no_process_and_no_port_behind_after_a_signal(tmp_path, signum):
     port = free_port()
     proc = _start_ui(tmp_path / "ws", port)
     try:
         _read_until(proc, r"MLflow UI: ")
-        _signal_stops_everything(proc, port, signum, within=5)
+        _signal_stops_everything(proc, port, signum)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
