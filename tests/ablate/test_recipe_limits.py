@@ -78,17 +78,17 @@ from ablate.cli import main
 results = {}
 for name, path in json.loads(sys.argv[1]).items():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
+    start = time.process_time()  # CPU seconds: what a hostile file costs, not how busy the machine is
     code = main(["check", path])
-    seconds = time.perf_counter() - start
+    seconds = time.process_time() - start
     rise = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    results[name] = {"code": code, "seconds": seconds, "peak_rise_mb": rise}
+    results[name] = {"code": code, "cpu_seconds": seconds, "peak_rise_mb": rise}
     print("@@" + name, file=sys.stderr, flush=True)
 print(json.dumps(results))
 """
 
 
-def test_hostile_recipes_are_one_line_exit_2_under_a_second_and_200_mb(tmp_path):
+def test_hostile_recipes_are_one_line_exit_2_under_a_cpu_second_and_200_mb(tmp_path):
     paths = {}
     for i, (name, (content, _)) in enumerate(HOSTILE.items()):
         path = tmp_path / f"hostile{i}.yaml"
@@ -115,7 +115,7 @@ def test_hostile_recipes_are_one_line_exit_2_under_a_second_and_200_mb(tmp_path)
         assert result["code"] == 2, (name, err)
         assert len(err) == 1 and err[0].startswith("ablate: error: recipe: "), (name, err)
         assert fragment in err[0] and paths[name] in err[0], (name, err)
-        assert result["seconds"] < 1.0, (name, result)
+        assert result["cpu_seconds"] < 1.0, (name, result)
         assert result["peak_rise_mb"] < 200, (name, result)
 
 
