@@ -289,7 +289,8 @@ def time_rows(study: Any, records: list[Any], seconds: dict[str, float]) -> list
     train = {"step 0": 0.0, "branch": 0.0, "extension": 0.0}
     trained_tokens = 0
     extension_tokens = 0
-    families: dict[tuple[str, int], list[tuple[int, int, int]]] = defaultdict(list)  # (steps, tokens, start)
+    # (row, seed) -> its runs' (steps, tokens per step, cooldown start of a branch or None)
+    families: dict[tuple[str, int], list[tuple[int, int, int | None]]] = defaultdict(list)
     for r in records:
         if r.state != "finished":
             continue
