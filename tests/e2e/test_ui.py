@@ -107,6 +107,14 @@ def _signal_stops_everything(proc: subprocess.Popen, port: int, signum: int) -> 
     assert _port_free(port), f"port {port} still bound after {name} ({took:.1f} s)"
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT's default action, as a terminal's foreground process has it. A
+    suite started in the background by a non-interactive shell inherits SIGINT ignored, and Python keeps
+    an ignored SIGINT ignored (no KeyboardInterrupt): Ctrl-C would then be tested on a process that
+    cannot receive it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_ui(workspace: Path, port: int) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "ablate.cli", "ui", "--workspace", str(workspace), "--port", str(port)],
@@ -115,6 +123,7 @@ def _start_ui(workspace: Path, port: int) -> subprocess.Popen:
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         start_new_session=True,
+        preexec_fn=_sigint_as_in_a_terminal,
     )
 
 
