@@ -222,11 +222,9 @@ def finished_runs(ctx: Any, study: Any, client: Any) -> tuple[list[tuple[RunSpec
     """(RunSpec, MLflow run id) of every plan whose latest trial is COMPLETE; and the runs left out, why."""
     from optuna.trial import TrialState
 
-    from ablate.store.study import trial_plan
+    from ablate.store.study import latest_trials, trial_plan
 
-    latest: dict[str, Any] = {}
-    for trial in study.get_trials(deepcopy=False):
-        latest[trial.user_attrs.get("plan")] = trial  # later trials (retries) win
+    latest = latest_trials(study.get_trials(deepcopy=False))  # later trials (retries) win
     runs, left_out = [], []
     for trial in latest.values():
         plan = trial_plan(trial)

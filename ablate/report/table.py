@@ -51,10 +51,10 @@ def collect(ctx: Any, study: Any, with_curves: bool = True, budgets: bool = Fals
     one record per smaller budget's run of each trial (its branches, ablate.train.branches)."""
     from optuna.trial import TrialState
 
+    from ablate.store.study import latest_trials
+
     client = ctx.stores.client()
-    latest: dict[str, Any] = {}
-    for trial in study.get_trials(deepcopy=False):
-        latest[trial.user_attrs.get("plan")] = trial  # later trials (retries) win
+    latest = latest_trials(study.get_trials(deepcopy=False))  # later trials (retries) win
     states = {
         TrialState.COMPLETE: "finished",
         TrialState.FAIL: "failed",

@@ -164,14 +164,19 @@ def completed_spans(trials: Any) -> list[tuple[Any, Any]]:
     ]
 
 
-def settled_plans(trials: Any) -> dict[str, Any]:
-    """Plan key -> its trial, for the plans whose latest trial is settled (`is_settled`). A later trial of
-    a plan (a retry, or an extension of a budgeted study to larger budgets) decides: while it waits or
-    runs, its plan is not done, however its earlier trials ended."""
+def latest_trials(trials: Any) -> dict[str, Any]:
+    """Plan key -> its latest trial (`trials` in trial-number order): a retry, or an extension of a budgeted
+    study to larger budgets, stands for its plan."""
     latest: dict[str, Any] = {}
-    for trial in trials:  # in trial-number order: the latest wins
+    for trial in trials:
         latest[trial.user_attrs.get("plan")] = trial
-    return {plan: t for plan, t in latest.items() if is_settled(t)}
+    return latest
+
+
+def settled_plans(trials: Any) -> dict[str, Any]:
+    """Plan key -> its trial, for the plans whose latest trial is settled (`is_settled`): while a later
+    trial waits or runs, its plan is not done, however its earlier trials ended."""
+    return {plan: t for plan, t in latest_trials(trials).items() if is_settled(t)}
 
 
 def progress_counts(study: Any) -> tuple[int, int, list[float]]:
