@@ -358,6 +358,7 @@ def report(
 def fit(
     recipe: str | None = None,
     csv: str | None = None,
+    from_: str | None = None,
     form: Literal["size", "tokens", "joint", "grid"] | None = None,
     out: str | None = None,
     bootstrap: int = 1000,
@@ -371,13 +372,23 @@ def fit(
     Args:
         recipe: recipe of the sweep (or give --csv)
         csv: fit points from a CSV: columns params, tokens, loss[, arch, run_id]
+        from_: a grid fit's folder to write again from its export (runs.parquet, metrics.parquet), with no
+            store
         form: law to fit (default: size; grid, the joint and per-axis fits with paired-seed ratios, for
             sizes x token budgets)
         out: output folder (default reports/<recipe>[-<scale>])
         bootstrap: bootstrap resamples over runs
         params_count: which parameter count N is (non_embedding: Kaplan et al.)
     """
-    if csv:
+    if from_:
+        from ablate.report.fit_runs import rebuild_fit
+
+        if recipe or csv or overrides:
+            raise UserError(
+                "ablate fit --from: the export names its recipe; give no recipe, --csv or overrides"
+            )
+        written = rebuild_fit(Path(from_))
+    elif csv:
         from ablate.report.fit import run_fit_csv
 
         if recipe:

@@ -144,7 +144,8 @@ def run_fit_recipe(
         )
     if form in (None, "grid") and is_grid(runs, budgeted):
         reference = "transformer" if "transformer" in archs else archs[0]
-        return _fit_grid(ctx, study, client, runs, records, reference, out, n_boot, seed, params_count)
+        settings = {"form": "grid", "bootstrap": n_boot, "seed": seed, "params_count": params_count}
+        return _fit_grid(ctx, study, client, runs, records, reference, out, settings)
     form = form or ("size" if len(sizes) > 1 else "tokens")
     if form == "tokens" and len(sizes) > 1:
         raise UserError(
@@ -219,6 +220,34 @@ def run_fit_recipe(
     return written
 
 
+def rebuild_fit(folder: Path) -> list[Path]:
+    """`ablate fit --from FOLDER`: write a grid fit's folder again from its export alone (no store, no
+    training), with the recipe file the export names, read from this checkout, and the fit's own options."""
+    from ablate.recipe.resolve import load_recipe
+    from ablate.store.export import SCHEME, read_meta
+
+    settings = read_meta(folder)["report"]
+    if "fit" not in settings:
+        raise UserError(
+            f"ablate fit --from: {folder}'s export was written by a sweep's report, not by `ablate fit`; "
+            f"use ablate report --from {folder}"
+        )
+    recipe = load_recipe(
+        settings["recipe"], [tuple(o) for o in settings["overrides"]], scale=settings["scale"]
+    )
+    fit = settings["fit"]
+    return run_fit_recipe(
+        recipe,
+        Stores(folder, tracking_uri=SCHEME + str(folder)),
+        scale=recipe.scale,
+        form=fit["form"],
+        out=Path(folder),
+        n_boot=fit["bootstrap"],
+        params_count=fit["params_count"],
+        seed=fit["seed"],
+    )
+
+
 def _fit_grid(
     ctx: Any,
     study: Any,
@@ -227,18 +256,21 @@ def _fit_grid(
     records: list,
     reference: str,
     out: Path | None,
-    n_boot: int,
-    seed: int,
-    params_count: str,
+    settings: dict[str, Any],
 ) -> list[Path]:
-    """`ablate fit` over a size x budget grid (ablate.report.scaling)."""
+    """`ablate fit` over a size x budget grid (ablate.report.scaling); `settings`: the fit's options
+    (form, bootstrap, seed, params_count), kept in the folder's export for `ablate fit --from`."""
+    n_boot, seed, params_count = settings["bootstrap"], settings["seed"], settings["params_count"]
     from ablate.report.budgets import train_seconds
     from ablate.report.fit import ratio_sentence
     from ablate.report.scaling import check_grid, write_grid_report
     from ablate.report.table import precisions
+    from ablate.report.write import export_settings
+    from ablate.store.export import write_export
     from ablate.store.study import completed_spans, report_folder
 
     check_grid(runs)
+    fitted = [r for r in records if r.run_id in {run.run_id for run in runs}]
     left_out = [r for r in records if not (r.state == "finished" and r.run_id)]
     notes = _notes(ctx, "joint", runs, runs, left_out, params_count, budgeted=True)[:1]
     notes.append(
@@ -253,13 +285,17 @@ def _fit_grid(
         reference,
         folder,
         spans=completed_spans(study.get_trials(deepcopy=False)),
-        seconds=train_seconds(ctx, [r for r in records if r.run_id in {run.run_id for run in runs}]),
+        seconds=train_seconds(ctx, fitted),
         n_boot=n_boot,
         seed=seed,
         params_word=PARAMS_WORDS[params_count],
         notes=notes,
-        precision=precisions([r for r in records if r.run_id in {run.run_id for run in runs}]),
+        precision=precisions(fitted),
+        machines=[r.tags.get("ablate.machine", "") for r in fitted],
     )
+    if ctx.stores.from_export:  # `ablate fit --from`: the files again, nothing recorded anywhere
+        return written
+    write_export(client, study, {**export_settings(ctx), "fit": settings}, folder)
     for r in runs:
         c = conv[r.run_id]
         client.set_tag(

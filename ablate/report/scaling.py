@@ -273,18 +273,14 @@ def ratios_table(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def machine() -> str:
-    """This machine's CPU, cores and native-bf16 flags (none: float32 is the fast path)."""
-    import os
+def machine_line(recorded: list[str]) -> str:
+    """The machine the runs trained on, as their `ablate.machine` tags say; runs trained before that tag
+    existed fall back to this machine's description, said as such."""
+    from ablate.hardware.device import machine_description
 
-    from ablate.hardware.device import cpu_name
-    from ablate.hardware.precision import cpu_bf16_flags
-
-    try:
-        flags = cpu_bf16_flags(Path("/proc/cpuinfo").read_text())
-    except OSError:
-        flags = []
-    return f"{os.cpu_count()} cores of an {cpu_name()}, native bf16 flags: {', '.join(flags) or 'none'}"
+    if recorded and "" not in recorded:
+        return f"{'; '.join(sorted(set(recorded)))} (the runs' `ablate.machine` tag)"
+    return f"{machine_description()} (the one `ablate fit` ran on: the runs did not record theirs)"
 
 
 def grid_readme(
@@ -294,6 +290,7 @@ def grid_readme(
     rows: dict[str, list[dict[str, Any]]],
     params_word: str,
     precision: str,
+    machine: str,
 ) -> str:
     points, cost = rows["points"], rows["grid"][0]
     sizes = sorted({(p["params"], p["size"]) for p in points if p["arch"] == fits["joint"].reference})
@@ -313,9 +310,10 @@ def grid_readme(
         "```bash",
         f"ablate sweep {recipe} --scale {ctx.scale} --seeds {' '.join(map(str, seeds))} --yes",
         f"ablate fit {recipe} --scale {ctx.scale} --out <this folder>",
+        "ablate fit --from <this folder>   # this folder again from its export alone (runs.parquet, metrics.parquet)",
         "```",
         "",
-        f"- machine: {machine()} (the one `ablate fit` ran on); precision: {precision}",
+        f"- machine: {machine}; precision: {precision}",
         f"- wall-clock: {cost['wall_clock_minutes']} min from the first trial's start to the last one's end "
         f"({cost['trials_minutes_summed']} min of trials summed over workers)",
         f"- grid: {len(sizes)} sizes ({', '.join(f'{s} {si(n)}' for n, s in sizes)} {params_word}) x "
@@ -372,10 +370,12 @@ def write_grid_report(
     params_word: str,
     notes: list[str],
     precision: str = "not recorded",
+    machines: list[str] | None = None,
 ) -> tuple[list[Path], dict[str, FitReport], dict[str, dict[str, Any]]]:
     """Fit the grid and write the folder (module doc); returns the files, the fits and each run's
     convergence. `ctx`: the sweep (its recipe's name and path, its scale); `spans`: the study's completed
-    trials' (start, end); `seconds`: each run's training seconds; `precision`: what the runs trained in."""
+    trials' (start, end); `seconds`: each run's training seconds; `precision`: what the runs trained in;
+    `machines`: each run's `ablate.machine` tag ("" where it has none)."""
     fits, where = grid_fits(runs, reference, n_boot, seed)
     conv = convergence(runs)
     for name, report in fits.items():
@@ -391,6 +391,12 @@ def write_grid_report(
     written += write_fit(fits["size"], folder / "size")
     written += write_fit(fits["tokens"], folder / "tokens")
     written += [write_csv(folder / f"{name}.csv", r) for name, r in rows.items()]
-    readme = folder / "README.md"
-    readme.write_text(grid_readme(ctx, fits, where, rows, params_word, precision))
+    from ablate.report.write import hand_written
+
+    readme = folder / "README.md"  # what a person wrote below the generated part is kept (hand_written)
+    kept = hand_written(readme.read_text()) if readme.exists() else ""
+    readme.write_text(
+        grid_readme(ctx, fits, where, rows, params_word, precision, machine_line(machines or [""]))
+        + (f"\n{kept}" if kept else "")
+    )
     return [readme, *written], fits, conv

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table
 from ablate.report import tasks as task_report
 from ablate.report.table import (
@@ -143,6 +144,10 @@ def rebuild_report(folder: Path) -> Path:
     from ablate.store.study import SweepContext
 
     settings = read_meta(folder)["report"]
+    if "fit" in settings:
+        raise UserError(
+            f"ablate report --from: {folder} is a grid fit's folder; use ablate fit --from {folder}"
+        )
     recipe = load_recipe(
         settings["recipe"], [tuple(o) for o in settings["overrides"]], scale=settings["scale"]
     )

@@ -33,6 +33,13 @@ class Stores:
 
         return bool(self.tracking_uri) and self.tracking_uri.startswith(export.SCHEME)
 
+    @property
+    def export_folder(self) -> Path:
+        """The report folder an `export:FOLDER` tracking URI names."""
+        from ablate.store import export
+
+        return Path(self.tracking_uri[len(export.SCHEME) :])
+
     def mlflow_uri(self) -> str:
         """The tracking URI MLflow opens: the given one, or the workspace's SQLite file."""
         if self.tracking_uri:
@@ -44,7 +51,7 @@ class Stores:
         from ablate.store import export
 
         if self.from_export:
-            return export.ExportedRuns(Path(self.tracking_uri[len(export.SCHEME) :]))
+            return export.ExportedRuns(self.export_folder)
         import logging
 
         import mlflow

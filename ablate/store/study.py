@@ -227,6 +227,10 @@ def load_finished_study(ctx: SweepContext, verb: str):
 
 def finished_sweep(recipe: Recipe, scale: str, stores: Stores, verb: str) -> tuple[SweepContext, Any, Any]:
     """(context, study, MLflow client) of a sweep whose finished runs a verb reads (`fit`, `eval`); see
-    load_finished_study."""
+    load_finished_study; from a report folder's export when `stores` name one (ablate.store.export)."""
     ctx = SweepContext(recipe=recipe, scale=scale, seeds=recipe.seeds, stores=stores, progress=False)
+    if stores.from_export:
+        from ablate.store.export import exported_study
+
+        return ctx, exported_study(stores.export_folder), stores.client()
     return ctx, load_finished_study(ctx, verb), stores.client()

@@ -30,6 +30,7 @@ from ablate.core import contract
 from ablate.core.config import TrainConfig
 from ablate.core.errors import UserError
 from ablate.hardware.allocator import tune_glibc_malloc
+from ablate.hardware.device import machine_description
 from ablate.hardware.precision import choose_precision, training_device
 from ablate.model.decoder import DecoderLM, attention_kernel, build_model
 from ablate.recipe.resolve import RunSpec
@@ -375,6 +376,7 @@ def train_run(
             "ablate.precision": precision,
             "ablate.precision_reason": why,
             "ablate.attention_kernel": run_attention_kernel(run, training_device(cfg.accelerator), precision),
+            "ablate.machine": machine_description(training_device(cfg.accelerator)),
             **(extra_tags or {}),
         },
     )

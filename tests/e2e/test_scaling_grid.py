@@ -1,9 +1,15 @@
 """A size x budget grid end to end: each (size, arm, seed) trained once, one MLflow run per budget, counted
-through MLflow. (The grid's fit and report are tested on synthetic grids in tests/ablate/test_fit_grid.py.)"""
+through MLflow; `ablate fit` over it writes its folder with the runs' export, and `ablate fit --from` writes
+the same folder again from that export alone. (The fit's numbers are tested on synthetic grids in
+tests/ablate/test_fit_grid.py.)"""
 
 from __future__ import annotations
 
+import csv
+import io
+import shutil
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from mini_project import write_recipe
@@ -11,11 +17,13 @@ from mini_project import write_recipe
 from ablate.cli import main
 from ablate.store.stores import Stores
 
-SIZES = {  # head_dim 8: 2 and 4 Transformer heads; 1 and 2 Diff heads
+SIZES = {  # head_dim 8: 2, 4 and 6 Transformer heads; 1, 2 and 3 Diff heads
     "s16": {"model": {"d_model": 16, "n_layers": 1}},
     "s32": {"model": {"d_model": 32, "n_layers": 1}},
+    "s48": {"model": {"d_model": 48, "n_layers": 1}},
 }
-BUDGETS = [4, 8]  # steps of 256 tokens; each cools down over its last 20% (1 and 2 steps)
+BUDGETS = [4, 8, 16]  # steps of 256 tokens; each cools down over its last 20% (1, 2 and 3 steps)
+SEEDS = ["0", "1"]
 
 
 @pytest.mark.slow
@@ -29,9 +37,8 @@ def test_a_size_budget_grid_trains_each_size_arm_seed_once_with_one_run_per_budg
         budgets={"steps": BUDGETS},
     )
     ws = tmp_path / "ws"
-    assert (
-        main(["sweep", str(recipe), "--yes", "--workspace", str(ws), "--reports", str(tmp_path / "rep")]) == 0
-    )
+    sweep = ["sweep", str(recipe), "--seeds", *SEEDS, "--yes", "--workspace", str(ws)]
+    assert main([*sweep, "--reports", str(tmp_path / "rep")]) == 0
 
     client = Stores(ws).client()
     exp = client.get_experiment_by_name("mini")
@@ -39,13 +46,17 @@ def test_a_size_budget_grid_trains_each_size_arm_seed_once_with_one_run_per_budg
     tags = [r.data.tags for r in runs]
     assert {r.info.status for r in runs} == {"FINISHED"}
     key = [(t["ablate.variant"], t["ablate.size"], t["ablate.seed"]) for t in tags]
-    # one run per (size, arm, seed, budget): 2 x 2 x 1 x 2
+    # one run per (size, arm, seed, budget): 3 x 2 x 2 x 3
     assert Counter(zip(key, (int(t["ablate.budget_steps"]) for t in tags))) == {
-        ((v, s, "0"), b): 1 for v in ("transformer", "diff") for s in SIZES for b in BUDGETS
+        ((v, s, seed), b): 1
+        for v in ("transformer", "diff")
+        for s in SIZES
+        for seed in SEEDS
+        for b in BUDGETS
     }
     # trained from step 0 once per (size, arm, seed): the largest budget; the others branch off that run
     fresh = {r.info.run_id: k for r, k, t in zip(runs, key, tags) if "ablate.branched_from" not in t}
-    assert sorted(fresh.values()) == sorted(set(key)) and len(fresh) == 4
+    assert sorted(fresh.values()) == sorted(set(key)) and len(fresh) == 12
     assert all(
         int(t["ablate.budget_steps"]) == BUDGETS[-1] for r, t in zip(runs, tags) if r.info.run_id in fresh
     )
@@ -60,9 +71,32 @@ def test_a_size_budget_grid_trains_each_size_arm_seed_once_with_one_run_per_budg
             min(steps) > int(t["ablate.branch_step"]) - 1 if "ablate.branched_from" in t else min(steps) <= 1
         )
 
-    # `ablate fit` over it: 4 points per arm are fewer than the joint form's 5 parameters; one line, exit 2
+    # `ablate fit` over it: the fits, CSVs and README, and beside them the runs' export
+    fit = tmp_path / "fit"
+    assert main(["fit", str(recipe), "--workspace", str(ws), "--out", str(fit), "--bootstrap", "50"]) == 0
+    first = {p.relative_to(fit): p.read_bytes() for p in fit.rglob("*") if p.is_file()}
+    assert {Path("runs.parquet"), Path("metrics.parquet"), Path("README.md"), Path("ratios.csv")} <= set(
+        first
+    )
+    readme = first[Path("README.md")].decode()
+    assert "the runs' `ablate.machine` tag" in readme and "ablate fit --from" in readme
+    ratios = list(csv.DictReader(io.StringIO(first[Path("ratios.csv")].decode())))
+    assert ratios and all(r["n_boot"] == "50" for r in ratios)  # 2 seeds: paired-seed intervals
+    assert any(r["lo"] and r["hi"] for r in ratios)
+    # a person's words below the generated part survive; everything else comes back byte for byte
+    with open(fit / "README.md", "a") as f:
+        f.write("\n# What these runs say\n\nHand-written.\n")
+    shutil.rmtree(ws)  # no store left: only the folder
+    for p in fit.rglob("*"):
+        if p.is_file() and p.suffix not in (".parquet",) and p.name != "README.md":
+            p.unlink()
+    assert main(["fit", "--from", str(fit)]) == 0
+    again = {p.relative_to(fit): p.read_bytes() for p in fit.rglob("*") if p.is_file()}
+    assert again.pop(Path("README.md")).decode() == readme + "\n# What these runs say\n\nHand-written.\n"
+    first.pop(Path("README.md"))
+    assert again == first
+
+    # a sweep's report folder is not a fit's, and the other way round: one line each, exit 2
     capsys.readouterr()
-    assert main(["fit", str(recipe), "--workspace", str(ws), "--out", str(tmp_path / "fit")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "has 4 points" in err[0] and "needs at least 5 points" in err[0]
-    assert not (tmp_path / "fit").exists()
+    assert main(["report", "--from", str(fit)]) == 2
+    assert "use ablate fit --from" in capsys.readouterr().err
