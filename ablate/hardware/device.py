@@ -143,22 +143,6 @@ def cpu_name() -> str:
     return platform.processor() or "CPU"
 
 
-def machine_description(device: str = "cpu", *, cuda: Any = None) -> str:
-    """What trained a run, in words (the `ablate.machine` tag): the GPU's name, or the CPU's cores this
-    process may use, its model name and its native-bf16 flags (none: float32 is the fast path)."""
-    if device == "cuda":
-        cuda = torch.cuda if cuda is None else cuda
-        return f"{cuda.device_count()} x {cuda.get_device_name(0)}"
-    from ablate.hardware.precision import cpu_bf16_flags
-
-    try:
-        flags = cpu_bf16_flags(Path("/proc/cpuinfo").read_text())
-    except OSError:
-        flags = []
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{cores} cores of an {cpu_name()}, native bf16 flags: {', '.join(flags) or 'none'}"
-
-
 @contextlib.contextmanager
 def _native_stderr_silenced():
     """File descriptor 2 to /dev/null meanwhile: the profiler's native code prints start/stop lines there

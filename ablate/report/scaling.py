@@ -276,7 +276,7 @@ def ratios_table(rows: list[dict[str, Any]]) -> str:
 def machine_line(recorded: list[str]) -> str:
     """The machine the runs trained on, as their `ablate.machine` tags say; runs trained before that tag
     existed fall back to this machine's description, said as such."""
-    from ablate.hardware.device import machine_description
+    from ablate.hardware.machine import machine_description
 
     if recorded and "" not in recorded:
         return f"{'; '.join(sorted(set(recorded)))} (the runs' `ablate.machine` tag)"

@@ -30,7 +30,7 @@ from ablate.core import contract
 from ablate.core.config import TrainConfig
 from ablate.core.errors import UserError
 from ablate.hardware.allocator import tune_glibc_malloc
-from ablate.hardware.device import machine_description
+from ablate.hardware.machine import machine_description
 from ablate.hardware.precision import choose_precision, training_device
 from ablate.model.decoder import DecoderLM, attention_kernel, build_model
 from ablate.recipe.resolve import RunSpec
