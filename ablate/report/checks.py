@@ -211,8 +211,11 @@ def _sort_key(point: tuple) -> tuple:
     return tuple((k, (0, v) if isinstance(v, int | float) else (1, str(v))) for k, v in point)
 
 
-def lr_sensitivity(records: Sequence[Any], variant_order: Sequence[str]) -> Sensitivity | None:
-    """Each row's mean final loss at each searched point (None without a search); flags as in the module doc."""
+def lr_sensitivity(
+    records: Sequence[Any], variant_order: Sequence[str], size_order: Sequence[str] = ()
+) -> Sensitivity | None:
+    """Each row's mean final loss at each searched point (None without a search); flags as in the module doc.
+    Rows go by `size_order` (sizes it does not name after them, by name), then by `variant_order`."""
     searched = [r for r in records if r.searched]
     if not searched:
         return None
@@ -223,8 +226,10 @@ def lr_sensitivity(records: Sequence[Any], variant_order: Sequence[str]) -> Sens
         if r.state == "finished" and math.isfinite(v):
             values[(r.size, r.variant)][tuple(sorted(r.searched.items()))].append(v)
     rank = {v: i for i, v in enumerate(variant_order)}
+    size_rank = {s: i for i, s in enumerate(size_order)}
     rows = sorted(
-        {(r.size, r.variant) for r in searched}, key=lambda k: (k[0], rank.get(k[1], len(rank)), k[1])
+        {(r.size, r.variant) for r in searched},
+        key=lambda k: (size_rank.get(k[0], len(size_rank)), k[0], rank.get(k[1], len(rank)), k[1]),
     )
     loss = {row: {p: sum(vs) / len(vs) for p, vs in values[row].items() if vs} for row in rows}
     seeds = {row: {p: len(vs) for p, vs in values[row].items()} for row in rows}

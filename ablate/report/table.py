@@ -195,6 +195,14 @@ def row_diffs(order: list[str], records: list[RunRecord]) -> dict[tuple[str, str
     return diffs
 
 
+def size_order(ctx: Any, records: list[RunRecord]) -> list[str]:
+    """The records' sizes in the order the recipe's scale lists them (smallest first, as recipes write
+    them), then any the recipe does not name; "" (a recipe without sizes) first."""
+    listed = list(ctx.recipe.sizes(ctx.scale) or {})
+    present = {r.size for r in records}
+    return [s for s in listed if s in present] + sorted(present - set(listed), key=lambda s: (s != "", s))
+
+
 def table_rows(
     ctx: Any,
     records: list[RunRecord],
@@ -206,7 +214,7 @@ def table_rows(
     by_key: dict[tuple[str, str], list[RunRecord]] = defaultdict(list)
     for r in records:
         by_key[(r.size, r.variant)].append(r)
-    sizes = sorted({r.size for r in records}, key=lambda s: (s != "", s))
+    sizes = size_order(ctx, records)
     diffs = row_diffs(order, records)
     marks = marks or {}
     paper = ctx.scale == "paper" and any(v.paper for v in ctx.recipe.variants.values())
@@ -315,7 +323,7 @@ def summary_rows(ctx: Any, records: list[RunRecord]) -> list[dict[str, Any]]:
     survives = dict(zip(tested, stats.holm([diffs[k].p_value for k in tested])))
     labels = row_labels(ctx)
     rows = []
-    for size in sorted({r.size for r in records}, key=lambda s: (s != "", s)):
+    for size in size_order(ctx, records):
         for variant in order:
             group = [r for r in records if r.size == size and r.variant == variant and r.state == "finished"]
             if not group:
@@ -468,7 +476,7 @@ def honesty_checks(ctx: Any, all_records: list[RunRecord], records: list[RunReco
         )
     if rc.all_intervals_contain_zero(row_diffs(list(ctx.recipe.variants), records).values()):
         notes.append(rc.ALL_CONTAIN_ZERO)
-    sensitivity = rc.lr_sensitivity(all_records, list(ctx.recipe.variants))
+    sensitivity = rc.lr_sensitivity(all_records, list(ctx.recipe.variants), size_order(ctx, all_records))
     labels = row_labels(ctx)
     text = rc.sensitivity_markdown(sensitivity, labels) if sensitivity else ""
     grid = rc.sensitivity_rows(sensitivity, labels) if sensitivity else []

@@ -59,7 +59,9 @@ def context(scale: str = "cpu", raw_scales: dict | None = None):
     }
     scales = raw_scales or {scale: {}}
     recipe = SimpleNamespace(
-        variants=variants, scale_overlay=lambda name: ScaleOverlay(**scales.get(name, {}))
+        variants=variants,
+        scale_overlay=lambda name: ScaleOverlay(**scales.get(name, {})),
+        sizes=lambda name: None,
     )
     return SimpleNamespace(recipe=recipe, scale=scale)
 
@@ -268,3 +270,17 @@ def test_layer_diagnostics_flag_attention_that_swamps_the_embeddings_early():
     )
     assert "swamps" not in calm
     assert rc.layer_report([record("a", 0, 3.0)], ["a"], {})[0] == ""  # runs without layer statistics
+
+
+def test_sensitivity_rows_go_by_the_recipes_size_order_not_by_name():
+    import dataclasses
+
+    sizes = ["s64", "s96", "s128", "s160"]  # as a recipe lists them; by name s128 and s160 come first
+    records = [
+        dataclasses.replace(record("a", 0, 3.0 - i / 10, lr=lr), size=size, run_id=f"{size}-{lr}")
+        for i, size in enumerate(sizes)
+        for lr in (1e-3, 3e-3)
+    ]
+    s = rc.lr_sensitivity(records, ["a"], sizes)
+    assert [size for size, _ in s.rows] == sizes
+    assert [size for size, _ in rc.lr_sensitivity(records, ["a"]).rows] == sorted(sizes)  # no order given

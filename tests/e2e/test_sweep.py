@@ -170,7 +170,8 @@ def _record(variant: str, seed: int, valid: float, state: str = "finished") -> R
 
 def test_report_statistics_on_known_numbers():
     recipe = SimpleNamespace(
-        variants={"a": Variant(label="A"), "b": Variant(label="B"), "c": Variant(label="C")}
+        variants={"a": Variant(label="A"), "b": Variant(label="B"), "c": Variant(label="C")},
+        sizes=lambda scale: None,
     )
     ctx = SimpleNamespace(recipe=recipe, scale="tiny")
     # b - a per seed: -0.10, -0.12, -0.11 -> mean -0.110, sd 0.010, t(0.975, 2) = 4.3027 -> half 0.0248
@@ -199,7 +200,8 @@ def test_report_columns_follow_what_the_runs_measured():
     with_paper = {"a": Variant(label="A", paper={"valid": 3.087}), "b": Variant(label="B")}
     records = [_record("a", 0, 3.0), _record("b", 0, 3.1)]
     headers, rows, _ = table_rows(
-        SimpleNamespace(recipe=SimpleNamespace(variants=with_paper), scale="paper"), records
+        SimpleNamespace(recipe=SimpleNamespace(variants=with_paper, sizes=lambda scale: None), scale="paper"),
+        records,
     )
     assert (
         "AR-Hit" in headers
@@ -213,7 +215,8 @@ def test_report_columns_follow_what_the_runs_measured():
     ]
     plain = {"a": Variant(label="A"), "b": Variant(label="B")}
     headers, rows, _ = table_rows(
-        SimpleNamespace(recipe=SimpleNamespace(variants=plain), scale="paper"), no_slices
+        SimpleNamespace(recipe=SimpleNamespace(variants=plain, sizes=lambda scale: None), scale="paper"),
+        no_slices,
     )
     assert not any("AR-Hit" in h or "Others" in h or "paper" in h for h in headers)
     assert all(len(row) == len(headers) for row in rows)
