@@ -73,7 +73,7 @@ def test_a_size_budget_grid_trains_each_size_arm_seed_once_with_one_run_per_budg
 
     # `ablate fit` over it: the fits, CSVs and README, and beside them the runs' export
     fit = tmp_path / "fit"
-    assert main(["fit", str(recipe), "--workspace", str(ws), "--out", str(fit), "--bootstrap", "50"]) == 0
+    assert main(["fit", str(recipe), "--workspace", str(ws), "--out", str(fit), "--bootstrap", "20"]) == 0
     first = {p.relative_to(fit): p.read_bytes() for p in fit.rglob("*") if p.is_file()}
     assert {Path("runs.parquet"), Path("metrics.parquet"), Path("README.md"), Path("ratios.csv")} <= set(
         first
@@ -81,7 +81,7 @@ def test_a_size_budget_grid_trains_each_size_arm_seed_once_with_one_run_per_budg
     readme = first[Path("README.md")].decode()
     assert "the runs' `ablate.machine` tag" in readme and "ablate fit --from" in readme
     ratios = list(csv.DictReader(io.StringIO(first[Path("ratios.csv")].decode())))
-    assert ratios and all(r["n_boot"] == "50" for r in ratios)  # 2 seeds: paired-seed intervals
+    assert ratios and all(r["n_boot"] == "20" for r in ratios)  # 2 seeds: paired-seed intervals
     assert any(r["lo"] and r["hi"] for r in ratios)
     # a person's words below the generated part survive; everything else comes back byte for byte
     with open(fit / "README.md", "a") as f:
