@@ -73,13 +73,19 @@ def calibrate(run: RunSpec, repeats: int = 4, *, ops: DeviceOps | None = None) -
     return flops / fastest, precision, why
 
 
+def own_steps(run: RunSpec, part: RunSpec) -> range:
+    """The optimizer steps `part` trains itself, `part` being a trial's `run` or one of its smaller
+    budgets' branches: the whole run; a branch only its cooldown, since it starts from the run's state at
+    its cooldown start (ablate.train.branches)."""
+    return range(0 if part is run else part.train.cooldown_start, part.train.steps)
+
+
 def trained_tokens(run: RunSpec, workspace: Path | None = None) -> int:
     """Tokens a trial trains: the run, plus each smaller budget's cooldown (ablate.train.branches); with
     the `workspace`, less what is done there: finished budgets, and the stable phase a shorter run kept
     (an extended study trains only the new tokens and cooldowns)."""
     if workspace is None:
-        cooldowns = sum(b.train.cooldown_steps for b in run.branches())
-        return run.train.tokens + cooldowns * run.train.batch_tokens
+        return sum(len(own_steps(run, part)) for part in (run, *run.branches())) * run.train.batch_tokens
     from ablate.train.branches import stable_checkpoint
     from ablate.train.loop import run_dir
 
@@ -89,7 +95,7 @@ def trained_tokens(run: RunSpec, workspace: Path | None = None) -> int:
     kept = stable_checkpoint(workspace, run) if run.branches() else None
     start = kept[0] if kept and kept[0] <= run.train.cooldown_start else 0
     steps = 0 if done(run) else run.train.steps - start
-    steps += sum(b.train.cooldown_steps for b in run.branches() if not done(b))
+    steps += sum(len(own_steps(run, b)) for b in run.branches() if not done(b))
     return steps * run.train.batch_tokens
 
 

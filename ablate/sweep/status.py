@@ -35,6 +35,8 @@ def running_tokens(client: Any, run: RunSpec) -> int:
     """Tokens the trial of `run` has trained so far, by its MLflow runs (the longest run's, then each
     smaller budget's cooldown from its branch point): a finished one counts whole, a running one up to the
     `tokens` metric of its last logged step; one not started yet counts nothing."""
+    from ablate.sweep.estimate import own_steps  # the plan's rule of which steps each budget's run trains
+
     experiment = client.get_experiment_by_name(tracking.experiment_name(run.recipe, run.scale))
     if experiment is None:
         return 0
@@ -48,11 +50,11 @@ def running_tokens(client: Any, run: RunSpec) -> int:
         if not found:
             continue
         latest = found[0]
-        steps = part.train.steps
-        if latest.info.status != "FINISHED":
-            steps = min(steps, int(latest.data.metrics.get("tokens", 0)) // part.train.batch_tokens)
-        start = 0 if part is run else part.train.cooldown_start  # a branch trains only its cooldown
-        done += max(0, steps - start) * part.train.batch_tokens
+        steps = own_steps(run, part)
+        if latest.info.status != "FINISHED":  # up to its last logged step
+            reached = int(latest.data.metrics.get("tokens", 0)) // part.train.batch_tokens
+            steps = range(steps.start, max(steps.start, min(steps.stop, reached)))
+        done += len(steps) * part.train.batch_tokens
     return done
 
 
