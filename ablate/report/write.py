@@ -9,7 +9,6 @@ each other.
 from __future__ import annotations
 
 import datetime
-import re
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from ablate.report.table import (
     write_csv,
 )
 from ablate.store import tracking
+from ablate.store.commands import portable_command
 from ablate.store.export import METRICS_FILE, RUNS_FILE, write_export
 
 
@@ -188,38 +188,6 @@ def study_command(study: Any) -> str:
     from ablate.store.study import command_line
 
     return portable_command(study.user_attrs.get("command") or command_line())
-
-
-# Flags whose value is a place on the machine that ran the study: a report names it, not its path.
-PLACE_FLAGS = {
-    "workspace": "WORKSPACE",
-    "reports": "REPORTS",
-    "storage": "STORAGE",
-    "tracking-uri": "TRACKING_URI",
-}
-
-
-def portable_command(command: str, here: Path | None = None) -> str:
-    """`command` as a reader of the report can run it: a workspace, reports folder or store given as an
-    absolute path (or a URL holding one) becomes the flag's name in capitals (`--workspace WORKSPACE`), and
-    another absolute path inside the current folder (a recipe) becomes relative to it."""
-    import shlex
-
-    here = (here or Path.cwd()).resolve()
-    words = shlex.split(command)
-    out = []
-    for i, word in enumerate(words):
-        flag, eq, value = word.partition("=") if word.startswith("--") and "=" in word else ("", "", word)
-        if not eq:
-            flag = words[i - 1] if i and words[i - 1].startswith("--") else ""
-        place = PLACE_FLAGS.get(flag.lstrip("-").replace("_", "-"))
-        absolute = value.startswith("/") or bool(re.match(r"^(journal|sqlite|file):/", value))
-        if place and absolute:
-            value = place
-        elif value.startswith("/") and Path(value).resolve().is_relative_to(here):
-            value = str(Path(value).resolve().relative_to(here))
-        out.append(f"{flag}={value}" if eq else value)
-    return shlex.join(out)
 
 
 def runs_code_versions(records: list[Any]) -> str:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.core.errors import UserError
+from ablate.store.commands import portable_command
 
 RUNS_FILE = "runs.parquet"
 METRICS_FILE = "metrics.parquet"
@@ -72,7 +73,10 @@ def write_export(client: Any, study: Any, report: dict[str, Any], folder: Path) 
                 series["key"].append(key)
                 series["step"].append(m.step)
                 series["value"].append(m.value)
-    meta = {"study": study.study_name, "user_attrs": study.user_attrs, "report": report}
+    attrs = dict(study.user_attrs)
+    if attrs.get("command"):  # the command as a reader can run it: no place of this machine in it
+        attrs["command"] = portable_command(attrs["command"])
+    meta = {"study": study.study_name, "user_attrs": attrs, "report": report}
     meta["trials"] = [_trial(t) for t in trials]
     folder.mkdir(parents=True, exist_ok=True)
     runs_table = pa.table(runs).replace_schema_metadata({META_KEY: _json(meta)})

@@ -27,7 +27,9 @@ def _store_and_study(tmp_path):
     client.set_terminated(run_id, "FINISHED")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name="s", storage=optuna.storages.InMemoryStorage())
-    study.set_user_attr("command", "ablate sweep r.yaml")
+    study.set_user_attr(
+        "command", "ablate sweep r.yaml --workspace /home/someone/runs --reports /scratch/rep"
+    )
     study.add_trial(
         optuna.trial.create_trial(
             state=TrialState.COMPLETE,
@@ -71,7 +73,9 @@ def test_the_export_reads_back_what_the_store_holds(tmp_path):
     assert tracking.read_json_artifact(runs, run_id, "data.json") is None  # never logged
 
     again = exported_study(folder)
-    assert again.study_name == "s" and again.user_attrs == {"command": "ablate sweep r.yaml"}
+    # the command as a reader can run it: the places of the machine that trained are named, not given
+    assert again.study_name == "s"
+    assert again.user_attrs == {"command": "ablate sweep r.yaml --workspace WORKSPACE --reports REPORTS"}
     (t,) = again.get_trials()
     (o,) = study.get_trials()
     assert (t.state, t.value, t.params, t.user_attrs) == (o.state, o.value, o.params, o.user_attrs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ablate.report.write import portable_command
+from ablate.store.commands import portable_command
 
 
 def test_workspace_reports_and_store_paths_become_their_flag_names(tmp_path):
