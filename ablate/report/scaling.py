@@ -339,7 +339,7 @@ def grid_readme(
             else "one seed, so no intervals (the bootstrap resamples seeds; sweep --seeds 0 1 2 for them). "
         )
         + "The paper's "
-        "column is Figure 3 (830M-13.1B parameters, up to 360B tokens); these are models "
+        "column is Figure 3 (models of 830M parameters and more, trained on up to 360B tokens); these are models "
         f"of {si(sizes[0][0])}-{si(sizes[-1][0])} {params_word} on this recipe's data, and say nothing beyond them. "
         "Every ratio at every trained value: `ratios.csv`.",
         "",

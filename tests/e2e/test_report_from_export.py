@@ -1,4 +1,5 @@
-"""`ablate report --from reports/NAME/` rebuilds a committed report folder from its export alone.
+"""`ablate report --from reports/NAME/` (`ablate fit --from` for a grid fit's folder) rebuilds a committed
+report folder from its export alone.
 
 Each committed folder with an export (`runs.parquet`, `metrics.parquet`: ablate.store.export) is copied,
 with the recipes it names, into an empty folder with no workspace and no store, and rewritten there by the
@@ -16,13 +17,16 @@ import pytest
 from mini_project import run_cli
 
 from ablate.cli import main
-from ablate.store.export import has_export
+from ablate.store.export import has_export, read_meta
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).resolve().parent / "exported-mini"
 EXPORTED = [(FIXTURE, "mini")] + [
     (ROOT, p.name) for p in sorted((ROOT / "reports").iterdir()) if p.is_dir() and has_export(p)
 ]
+
+
+INPUTS = ("runs.parquet", "metrics.parquet", "README.md", "predictions.csv", "beyond_edges.csv")
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -34,20 +38,25 @@ def _tree(folder: Path) -> dict[str, bytes]:
 def test_report_from_export_rebuilds_the_committed_folder_byte_identical(root, name, tmp_path):
     for recipe in root.glob("*.yaml"):  # the fixture's recipe
         shutil.copy(recipe, tmp_path)
-    if (root / "recipes").is_dir():
-        shutil.copytree(root / "recipes", tmp_path / "recipes")
+    for inputs in ("recipes", "sweeps"):  # the recipe and the search spec the export names
+        if (root / inputs).is_dir():
+            shutil.copytree(root / inputs, tmp_path / inputs)
     committed = root / "reports" / name
     copy = tmp_path / "reports" / name
     shutil.copytree(committed, copy)
-    # all go but the inputs: the export, the README's hand-written part, and a prediction written
-    # before the runs (ablate.report.predict), which the report sets the measurement beside
+    # all go but the inputs: the export, the README's hand-written part, a prediction written before the
+    # runs (ablate.report.predict), which the report sets the measurement beside, and runs made outside
+    # the study that the hand-written part quotes (beyond_edges.csv: one lr past each edge of a grid)
     for generated in copy.iterdir():
-        if generated.name not in ("runs.parquet", "metrics.parquet", "README.md", "predictions.csv"):
+        if generated.is_dir():
+            shutil.rmtree(generated)
+        elif generated.name not in INPUTS:
             generated.unlink()
-    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    run_cli("report", "--from", f"reports/{name}/", cwd=tmp_path, check=True)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    verb = "fit" if "fit" in read_meta(copy)["report"] else "report"  # a grid fit's folder: ablate fit --from
+    run_cli(verb, "--from", f"reports/{name}/", cwd=tmp_path, check=True)
     assert _tree(copy) == _tree(committed)
-    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     assert set(after) - set(before) == {Path("reports", name, f) for f in _tree(committed)} - set(before)
 
 
