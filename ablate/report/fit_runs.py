@@ -223,7 +223,7 @@ def run_fit_recipe(
 def rebuild_fit(folder: Path) -> list[Path]:
     """`ablate fit --from FOLDER`: write a grid fit's folder again from its export alone (no store, no
     training), with the recipe file the export names, read from this checkout, and the fit's own options."""
-    from ablate.recipe.resolve import load_recipe
+    from ablate.report.write import exported_recipe
     from ablate.store.export import SCHEME, read_meta
 
     settings = read_meta(folder)["report"]
@@ -232,9 +232,7 @@ def rebuild_fit(folder: Path) -> list[Path]:
             f"ablate fit --from: {folder}'s export was written by a sweep's report, not by `ablate fit`; "
             f"use ablate report --from {folder}"
         )
-    recipe = load_recipe(
-        settings["recipe"], [tuple(o) for o in settings["overrides"]], scale=settings["scale"]
-    )
+    recipe = exported_recipe(settings)
     fit = settings["fit"]
     return run_fit_recipe(
         recipe,
@@ -270,7 +268,8 @@ def _fit_grid(
     from ablate.store.study import completed_spans, report_folder
 
     check_grid(runs)
-    fitted = [r for r in records if r.run_id in {run.run_id for run in runs}]
+    fitted_ids = {run.run_id for run in runs}
+    fitted = [r for r in records if r.run_id in fitted_ids]
     left_out = [r for r in records if not (r.state == "finished" and r.run_id)]
     notes = _notes(ctx, "joint", runs, runs, left_out, params_count, budgeted=True)[:1]
     notes.append(

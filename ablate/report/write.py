@@ -137,7 +137,6 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
 def rebuild_report(folder: Path) -> Path:
     """`ablate report --from FOLDER`: write FOLDER's report again from its export alone (no store, no
     training), with the recipe file the export names, read from this checkout."""
-    from ablate.recipe.resolve import load_recipe
     from ablate.recipe.search import SearchSpec, load_search_spec
     from ablate.store.export import SCHEME, exported_study, read_meta
     from ablate.store.stores import Stores
@@ -148,9 +147,7 @@ def rebuild_report(folder: Path) -> Path:
         raise UserError(
             f"ablate report --from: {folder} is a grid fit's folder; use ablate fit --from {folder}"
         )
-    recipe = load_recipe(
-        settings["recipe"], [tuple(o) for o in settings["overrides"]], scale=settings["scale"]
-    )
+    recipe = exported_recipe(settings)
     ctx = SweepContext(
         recipe=recipe,
         scale=recipe.scale,
@@ -162,6 +159,14 @@ def rebuild_report(folder: Path) -> Path:
         progress=False,
     )
     return write_report(ctx, exported_study(folder), folder)
+
+
+def exported_recipe(settings: dict[str, Any]) -> Any:
+    """The recipe an export's report settings name (export_settings), read from this checkout, with the
+    overrides and scale the report was written with."""
+    from ablate.recipe.resolve import load_recipe
+
+    return load_recipe(settings["recipe"], [tuple(o) for o in settings["overrides"]], scale=settings["scale"])
 
 
 def export_settings(ctx: Any) -> dict[str, Any]:
