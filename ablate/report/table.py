@@ -47,14 +47,14 @@ class RunRecord:
 
 
 def collect(ctx: Any, study: Any, with_curves: bool = True, budgets: bool = False) -> list[RunRecord]:
-    """One record per plan: its latest trial, with the MLflow run's final metrics; with `budgets`, also
-    one record per smaller budget's run of each trial (its branches, ablate.train.branches)."""
+    """One record per plan: its latest trial (`reported_trials`), with the MLflow run's final metrics; with
+    `budgets`, also one record per smaller budget's run of each trial (its branches, ablate.train.branches)."""
     from optuna.trial import TrialState
 
-    from ablate.store.study import latest_trials
+    from ablate.store.study import reported_trials
 
     client = ctx.stores.client()
-    latest = latest_trials(study.get_trials(deepcopy=False))  # later trials (retries) win
+    latest = reported_trials(study.get_trials(deepcopy=False))  # later trials (retries, extensions) win
     states = {
         TrialState.COMPLETE: "finished",
         TrialState.FAIL: "failed",

@@ -173,6 +173,22 @@ def latest_trials(trials: Any) -> dict[str, Any]:
     return latest
 
 
+def reported_trials(trials: Any) -> dict[str, Any]:
+    """Plan key -> the trial a report shows: its latest, unless that one is still waiting, running or was
+    handed back while an earlier trial of the plan completed; then the completed one. A budgeted study
+    being extended reports the budgets it finished until the extension settles."""
+    from optuna.trial import TrialState
+
+    shown: dict[str, Any] = {}
+    for trial in trials:
+        key = trial.user_attrs.get("plan")
+        earlier = shown.get(key)
+        if earlier is not None and earlier.state == TrialState.COMPLETE and not is_settled(trial):
+            continue
+        shown[key] = trial
+    return shown
+
+
 def settled_plans(trials: Any) -> dict[str, Any]:
     """Plan key -> its trial, for the plans whose latest trial is settled (`is_settled`): while a later
     trial waits or runs, its plan is not done, however its earlier trials ended."""

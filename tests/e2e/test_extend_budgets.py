@@ -66,6 +66,10 @@ def test_an_extended_budgeted_study_trains_only_the_new_steps_and_matches_a_fres
     assert main(["status", str(extended), "--workspace", str(ws)]) == 0
     status = capsys.readouterr().out  # the short study's finished trial does not count for the extension
     assert "sweep mini: 0/1 trials finished, 0 running, 1 waiting" in status, status
+    assert main(["report", str(extended), "--workspace", str(ws), "--reports", str(tmp_path / "mid")]) == 0
+    capsys.readouterr()  # while the extension waits, the report shows the budgets the study finished
+    rows = list(csv.DictReader(open(tmp_path / "mid" / "mini" / "budgets.csv")))
+    assert sorted((r["variant"], int(r["tokens"]) // 256) for r in rows) == [("diff", 4), ("diff", 8)]
     assert _sweep(main, extended, ws, rep) == 0
     out = capsys.readouterr().out
     assert out.count("continuing from the stable phase kept at step 6; training 10 steps") == 1
