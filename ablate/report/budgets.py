@@ -240,6 +240,8 @@ def trend_sentence(row: dict[str, Any], gap_at_largest: dict[str, Any] | None) -
 
 
 def plot_gaps(gaps: list[dict[str, Any]], order: list[str], path: Path, reference_label: str) -> Path:
+    from matplotlib.ticker import NullLocator
+
     colors = plot_style.variant_colors(order)
     fig, ax = plot_style.figure()
     ax.axhline(0.0, color="0.4", lw=0.8, label=f"{reference_label} (reference)")
@@ -253,6 +255,9 @@ def plot_gaps(gaps: list[dict[str, Any]], order: list[str], path: Path, referenc
         if all(math.isfinite(v) for v in lo + hi):
             ax.fill_between(xs, lo, hi, color=colors[variant], alpha=0.15, linewidth=0)
     ax.set_xscale("log")
+    budgets = sorted({g["tokens"] for g in gaps})
+    ax.set_xticks(budgets, [si(b) for b in budgets])  # the budgets themselves, not the decades' 10^k
+    ax.xaxis.set_minor_locator(NullLocator())
     n = max((g["n_seeds"] for g in gaps), default=0)
     plot_style.finish(
         ax,
