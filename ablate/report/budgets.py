@@ -294,8 +294,8 @@ def time_rows(study: Any, records: list[Any], seconds: dict[str, float]) -> list
     train = {"step 0": 0.0, "branch": 0.0, "extension": 0.0}
     trained_tokens = 0
     extension_tokens = 0
-    # (row, seed) -> its runs' (steps, tokens per step, cooldown start of a branch or None)
-    families: dict[tuple[str, int], list[tuple[int, int, int | None]]] = defaultdict(list)
+    # (row, seed) -> its runs' (steps, tokens per step, cooldown steps)
+    families: dict[tuple[str, int], list[tuple[int, int, int]]] = defaultdict(list)
     for r in records:
         if r.state != "finished":
             continue
@@ -305,16 +305,12 @@ def time_rows(study: Any, records: list[Any], seconds: dict[str, float]) -> list
         train[kind] += seconds.get(r.run_id, math.nan)
         trained_tokens += (steps - start) * per_step
         extension_tokens += (steps - start) * per_step if kind == "extension" else 0
-        cooldown_start = start if kind == "branch" else None
-        families[(r.variant, r.seed)].append((steps, per_step, cooldown_start))
+        families[(r.variant, r.seed)].append((steps, per_step, cooldown_steps(r, steps)))
     fresh = 0
     for runs in families.values():
         largest = max(runs)
         fresh += largest[0] * largest[1]
-        starts = {steps: start for steps, _, start in runs if start is not None}
-        for steps, per_step, _ in runs:
-            if steps != largest[0]:
-                fresh += (steps - starts.get(steps, _cooldown_start_of(records, steps))) * per_step
+        fresh += sum(cooldown * per_step for steps, per_step, cooldown in runs if steps != largest[0])
     total = sum(train.values())
     return [
         {
@@ -331,16 +327,11 @@ def time_rows(study: Any, records: list[Any], seconds: dict[str, float]) -> list
     ]
 
 
-def _cooldown_start_of(records: list[Any], steps: int) -> int:
-    """The cooldown start of a budget of `steps` steps: where any run branched at that budget did
-    (every row shares the budgets' schedule), else where a run extended from it continued."""
-    for r in records:
-        if int(r.tags.get("ablate.budget_steps", 0)) == steps and r.tags.get("ablate.branch_step"):
-            return int(r.tags["ablate.branch_step"])
-    for r in records:
-        if r.tags.get("ablate.continued_step"):
-            return int(r.tags["ablate.continued_step"])
-    return 0
+def cooldown_steps(record: Any, steps: int) -> int:
+    """The cooldown of a budget of `steps` steps under the fraction the run recorded, rounded as the
+    schedule rounds it (ablate.core.config.TrainConfig.cooldown_steps): what a study trained from step 0
+    trains for a budget below its largest."""
+    return round(float(record.params.get("train.cooldown_fraction", 0.2)) * steps)
 
 
 def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) -> list[Path]:
