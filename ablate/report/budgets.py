@@ -59,6 +59,21 @@ def losses(records: list[Any], variant: str, size: str) -> dict[int, dict[int, f
     return dict(out)
 
 
+def rows_short_of_budgets(
+    order: list[str], records: list[Any], labels: dict[str, str], budgets: list[int]
+) -> list[str]:
+    """Each row (and size) whose finished runs miss some of `budgets`, with the budgets it has: a row
+    added to a study, or one whose extension was not trained."""
+    short = []
+    for size in sorted({r.size for r in records}):
+        for variant in order:
+            has = sorted({t for curve in losses(records, variant, size).values() for t in curve})
+            if has and set(has) != set(budgets):
+                name = labels[variant] + (f" ({size})" if size else "")
+                short.append(f"{name} at {', '.join(si(t) for t in has)} only")
+    return short
+
+
 def row_pairs(order: list[str], records: list[Any]) -> Iterator[tuple]:
     """Per size, each row other than the reference (the first row present at that size): (size, reference
     key, its losses, the row's key, its losses, the row's budgets in increasing order)."""
@@ -382,12 +397,17 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
     seeds = sorted({r.seed for r in records})
     seconds = train_seconds(ctx, records)
     (cost,) = time_rows(study, records, seconds)
+    short = rows_short_of_budgets(order, records, labels, list(groups))
     text = (
-        f"# {ctx.recipe.name} at scale {ctx.scale}: every row at {len(groups)} token budgets\n\n"
-        f"Seeds {seeds}; budgets {', '.join(si(t) for t in groups)} tokens. The largest budget's runs trained "
-        "from step 0; each smaller budget is its own run, branched off them at its cooldown start "
-        "(warmup-stable-decay, ablate.train.branches). Δ: row minus the reference row, paired by seed.\n\n"
-        f"## The trend per row\n\n" + "\n".join(lines) + "\n\n"
+        f"# {ctx.recipe.name} at scale {ctx.scale}: "
+        + (f"every row at {len(groups)} token budgets" if not short else f"{len(groups)} token budgets")
+        + f"\n\nSeeds {seeds}; budgets {', '.join(si(t) for t in groups)} tokens"
+        + (f"; not every row at each: {'; '.join(short)}" if short else "")
+        + ". Each row and seed's longest run trained from step 0, or continued from the stable phase its "
+        "previous longest run kept (an extension, ablate.sweep.extend); each smaller budget is its own run, "
+        "branched off a longer run at its cooldown start (warmup-stable-decay, ablate.train.branches). "
+        "Δ: row minus the reference row, paired by seed.\n\n"
+        "## The trend per row\n\n" + "\n".join(lines) + "\n\n"
         "Change per doubling: per seed, the change of the gap from one budget to the next over log2 of their "
         "ratio, for each pair of consecutive budgets; mean over seeds [95% Student-t] (every doubling in "
         "`doublings.csv`; the line quotes the last). Extrapolation: each row's final losses at "

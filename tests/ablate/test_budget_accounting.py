@@ -1,25 +1,26 @@
-"""What a budgeted study's budgets cost in tokens (ablate.report.budgets.time_rows), for a (row, seed)
-extended twice: budgets 10, 20 from step 0, then 40 continued from step 16, then 80 from step 32."""
+"""A budgeted study's accounting (ablate.report.budgets): what its budgets cost in tokens (`time_rows`)
+for a (row, seed) extended twice (budgets 10, 20 from step 0, then 40 continued from step 16, then 80 from
+step 32), and which rows miss a budget (`rows_short_of_budgets`)."""
 
 from __future__ import annotations
 
 import optuna
 import pytest
 
-from ablate.report.budgets import time_rows
+from ablate.report.budgets import rows_short_of_budgets, time_rows
 from ablate.report.table import RunRecord
 
 PER_STEP = 7  # tokens per optimizer step
 FRACTION = 0.2
 
 
-def _run(steps: int, **tags: int) -> RunRecord:
+def _run(steps: int, variant: str = "diff", **tags: int) -> RunRecord:
     return RunRecord(
-        variant="diff",
+        variant=variant,
         seed=0,
         size="",
         state="finished",
-        run_id=f"run-{steps}",
+        run_id=f"{variant}-{steps}",
         tags={"ablate.budget_steps": str(steps), "ablate.tokens": str(steps * PER_STEP)}
         | {f"ablate.{k}": str(v) for k, v in tags.items()},
         params={"train.cooldown_fraction": str(FRACTION)},
@@ -47,3 +48,14 @@ def test_a_twice_extended_family_costs_what_a_fresh_study_of_its_budgets_trains(
     assert row["train_seconds_summed"] == 4.0
     assert row["longest_runs_train_seconds"] == 1.0
     assert row["extension_runs_train_seconds"] == 2.0
+
+
+def test_a_row_without_the_extension_is_named_with_the_budgets_it_has(twice_extended):
+    added = [_run(10, "transformer", branch_step=8), _run(20, "transformer")]
+    labels = {"transformer": "Transformer", "diff": "Diff"}
+    for r in twice_extended + added:
+        r.values = {"valid": 3.0}
+    budgets = [10 * PER_STEP, 20 * PER_STEP, 40 * PER_STEP, 80 * PER_STEP]
+    short = rows_short_of_budgets(["transformer", "diff"], twice_extended + added, labels, budgets)
+    assert short == ["Transformer at 70, 140 only"]
+    assert rows_short_of_budgets(["diff"], twice_extended, labels, budgets) == []
