@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ablate.core.tables import si
 from ablate.report import stats
 
 METRICS = (("valid", "val/loss"), ("ar_hit", "val/ar_hit"), ("others", "val/others"))
@@ -172,7 +173,9 @@ def edge_warnings(records: list[RunRecord], search: Any) -> list[str]:
 
 
 def row_diffs(order: list[str], records: list[RunRecord]) -> dict[tuple[str, str], Any]:
-    """(size, variant) -> paired difference of the final validation loss to the size's first row."""
+    """(size, variant) -> paired difference of the final validation loss to the size's first row, paired
+    by seed and training tokens: a row whose runs stopped at a smaller budget than the reference's (a
+    budgeted study whose extension it missed) is not compared with the reference's larger runs."""
     by_key: dict[tuple[str, str], list[RunRecord]] = defaultdict(list)
     for r in records:
         by_key[(r.size, r.variant)].append(r)
@@ -180,14 +183,14 @@ def row_diffs(order: list[str], records: list[RunRecord]) -> dict[tuple[str, str
     for size in {r.size for r in records}:
         first = next((v for v in order if (size, v) in by_key), None)
         ref = {
-            r.seed: r.values.get("valid", math.nan)
+            (r.seed, r.tokens): r.values.get("valid", math.nan)
             for r in by_key.get((size, first), [])
             if r.state == "finished"
         }
         for variant in order:
             if variant != first and (size, variant) in by_key:
                 mine = {
-                    r.seed: r.values.get("valid", math.nan)
+                    (r.seed, r.tokens): r.values.get("valid", math.nan)
                     for r in by_key[(size, variant)]
                     if r.state == "finished"
                 }
@@ -524,7 +527,39 @@ def precisions(records: list[RunRecord]) -> str:
 
 
 def comparisons_note(ctx: Any, records: list[RunRecord]) -> str:
-    """How many paired comparisons the table makes, and which of its stars survive Holm's correction."""
+    """How many paired comparisons the table makes, and which of its stars survive Holm's correction;
+    then the rows not compared because their runs have other token counts than the reference's."""
+    text = _compared_note(ctx, records)
+    apart = _other_budget_rows(ctx, records)
+    return " ".join(t for t in (text, apart) if t)
+
+
+def _other_budget_rows(ctx: Any, records: list[RunRecord]) -> str:
+    order = list(ctx.recipe.variants)
+    labels = row_labels(ctx)
+    apart = []
+    for size in size_order(ctx, records):
+        tokens = {
+            v: sorted(
+                {r.tokens for r in records if r.size == size and r.variant == v and r.state == "finished"}
+            )
+            for v in order
+        }
+        present = [v for v in order if tokens[v]]
+        for variant in present[1:]:
+            if tokens[variant] != tokens[present[0]]:
+                size_text = f" ({size})" if size else ""
+                apart.append(
+                    f"{labels[variant]}{size_text} ran {', '.join(si(t) for t in tokens[variant])} tokens, the "
+                    f"reference {', '.join(si(t) for t in tokens[present[0]])}"
+                )
+    if not apart:
+        return ""
+    listed = "; ".join(apart)
+    return f"Not compared here, their runs being of other lengths: {listed} (`budgets.md` pairs each budget)."
+
+
+def _compared_note(ctx: Any, records: list[RunRecord]) -> str:
     diffs = {k: d for k, d in row_diffs(list(ctx.recipe.variants), records).items() if d.n >= 2}
     if not diffs:
         return ""

@@ -284,3 +284,23 @@ def test_sensitivity_rows_go_by_the_recipes_size_order_not_by_name():
     s = rc.lr_sensitivity(records, ["a"], sizes)
     assert [size for size, _ in s.rows] == sizes
     assert [size for size, _ in rc.lr_sensitivity(records, ["a"]).rows] == sorted(sizes)  # no order given
+
+
+def test_a_row_of_shorter_runs_is_not_paired_with_the_references_longer_ones():
+    from ablate.report.table import comparisons_note
+
+    records = [record("a", s, 3.0 + 0.01 * s) for s in range(3)]
+    records += [record("b", s, 3.5 + 0.01 * s) for s in range(3)]
+    for r in records[3:]:  # b's runs stopped at half the reference's tokens (an extension it missed)
+        r.tags = {"ablate.tokens": "50000"}
+    ctx = context()
+    assert row_diffs(["a", "b"], records)[("", "b")].n == 0  # same seeds, other lengths: no pair
+    note = comparisons_note(ctx, records)
+    assert note == (
+        "Not compared here, their runs being of other lengths: Diff ran 50K tokens, the reference 100K "
+        "(`budgets.md` pairs each budget)."
+    )
+    for r in records[3:]:
+        r.tags = {"ablate.tokens": "100000"}
+    assert row_diffs(["a", "b"], records)[("", "b")].n == 3
+    assert comparisons_note(ctx, records).startswith("1 comparison (each row against the first row")
