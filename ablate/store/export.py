@@ -169,12 +169,15 @@ def exported_study(folder: Path) -> Any:
         def when(text: str | None) -> datetime.datetime | None:
             return datetime.datetime.fromisoformat(text) if text else None
 
+        # A trial failed while still waiting (withdrawn before a worker took it) has no start; Optuna only
+        # admits that for a waiting trial, so it is rebuilt as starting when it ended.
+        start = when(t["start"]) or (when(t["complete"]) if state != TrialState.WAITING else None)
         study.add_trial(
             FrozenTrial(
                 number=t["number"],
                 state=state,
                 value=t["value"] if state == TrialState.COMPLETE else None,
-                datetime_start=when(t["start"]),
+                datetime_start=start,
                 datetime_complete=when(t["complete"]),
                 params=t["params"],
                 distributions={k: json_to_distribution(d) for k, d in t["distributions"].items()},

@@ -72,12 +72,19 @@ def test_the_export_reads_back_what_the_store_holds(tmp_path):
     assert tracking.read_json_artifact(runs, run_id, "final_metrics.json") == {"val_loss": 5.125}
     assert tracking.read_json_artifact(runs, run_id, "data.json") is None  # never logged
 
+    study.enqueue_trial({}, user_attrs={"plan": '{"seed": 1}'})  # withdrawn before a worker took it:
+    (waiting,) = study.get_trials(states=(TrialState.WAITING,))  # failed with no start, as storages allow
+    study._storage.set_trial_state_values(waiting._trial_id, TrialState.FAIL)
+    write_export(client, study, settings, folder)
+
     again = exported_study(folder)
     # the command as a reader can run it: the places of the machine that trained are named, not given
     assert again.study_name == "s"
     assert again.user_attrs == {"command": "ablate sweep r.yaml --workspace WORKSPACE --reports REPORTS"}
-    (t,) = again.get_trials()
-    (o,) = study.get_trials()
+    t, withdrawn = again.get_trials()
+    o, w = study.get_trials()
     assert (t.state, t.value, t.params, t.user_attrs) == (o.state, o.value, o.params, o.user_attrs)
     assert (t.datetime_start, t.datetime_complete) == (o.datetime_start, o.datetime_complete)
+    assert w.datetime_start is None and (withdrawn.state, withdrawn.user_attrs) == (w.state, w.user_attrs)
+    assert withdrawn.datetime_start == withdrawn.datetime_complete == w.datetime_complete  # Optuna needs one
     assert read_meta(folder)["report"] == settings
