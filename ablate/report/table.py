@@ -172,10 +172,16 @@ def edge_warnings(records: list[RunRecord], search: Any) -> list[str]:
     return sorted(set(warnings))
 
 
+def pair_key(r: RunRecord) -> Any:
+    """What pairs two rows' runs: the seed; in a budgeted study also the budget, so a row whose runs
+    stopped at a smaller budget than the reference's (an extension it missed) is not set against the
+    reference's longer runs. Rows given different lengths on purpose (matched compute) still pair."""
+    return (r.seed, r.tokens) if r.tags.get("ablate.budget_steps") else r.seed
+
+
 def row_diffs(order: list[str], records: list[RunRecord]) -> dict[tuple[str, str], Any]:
     """(size, variant) -> paired difference of the final validation loss to the size's first row, paired
-    by seed and training tokens: a row whose runs stopped at a smaller budget than the reference's (a
-    budgeted study whose extension it missed) is not compared with the reference's larger runs."""
+    by seed (`pair_key`)."""
     by_key: dict[tuple[str, str], list[RunRecord]] = defaultdict(list)
     for r in records:
         by_key[(r.size, r.variant)].append(r)
@@ -183,14 +189,14 @@ def row_diffs(order: list[str], records: list[RunRecord]) -> dict[tuple[str, str
     for size in {r.size for r in records}:
         first = next((v for v in order if (size, v) in by_key), None)
         ref = {
-            (r.seed, r.tokens): r.values.get("valid", math.nan)
+            pair_key(r): r.values.get("valid", math.nan)
             for r in by_key.get((size, first), [])
             if r.state == "finished"
         }
         for variant in order:
             if variant != first and (size, variant) in by_key:
                 mine = {
-                    (r.seed, r.tokens): r.values.get("valid", math.nan)
+                    pair_key(r): r.values.get("valid", math.nan)
                     for r in by_key[(size, variant)]
                     if r.state == "finished"
                 }
@@ -541,7 +547,11 @@ def _other_budget_rows(ctx: Any, records: list[RunRecord]) -> str:
     for size in size_order(ctx, records):
         tokens = {
             v: sorted(
-                {r.tokens for r in records if r.size == size and r.variant == v and r.state == "finished"}
+                {
+                    r.tokens
+                    for r in records
+                    if r.size == size and r.variant == v and r.state == "finished" and pair_key(r) != r.seed
+                }
             )
             for v in order
         }

@@ -291,8 +291,10 @@ def test_a_row_of_shorter_runs_is_not_paired_with_the_references_longer_ones():
 
     records = [record("a", s, 3.0 + 0.01 * s) for s in range(3)]
     records += [record("b", s, 3.5 + 0.01 * s) for s in range(3)]
-    for r in records[3:]:  # b's runs stopped at half the reference's tokens (an extension it missed)
-        r.tags = {"ablate.tokens": "50000"}
+    for r in records:  # a budgeted study: b's runs stopped at half the reference's tokens (an extension
+        r.tags = {"ablate.tokens": "100000", "ablate.budget_steps": "100"}  # it missed)
+    for r in records[3:]:
+        r.tags = {"ablate.tokens": "50000", "ablate.budget_steps": "50"}
     ctx = context()
     assert row_diffs(["a", "b"], records)[("", "b")].n == 0  # same seeds, other lengths: no pair
     note = comparisons_note(ctx, records)
@@ -300,7 +302,7 @@ def test_a_row_of_shorter_runs_is_not_paired_with_the_references_longer_ones():
         "Not compared here, their runs being of other lengths: Diff ran 50K tokens, the reference 100K "
         "(`budgets.md` pairs each budget)."
     )
-    for r in records[3:]:
-        r.tags = {"ablate.tokens": "100000"}
+    for r in records:  # no budgets: rows of other lengths on purpose (matched compute) still pair
+        r.tags = {"ablate.tokens": r.tags["ablate.tokens"]}
     assert row_diffs(["a", "b"], records)[("", "b")].n == 3
     assert comparisons_note(ctx, records).startswith("1 comparison (each row against the first row")
