@@ -362,6 +362,11 @@ def safe_name(key: str, value: Any) -> str:
 SPAWNING_STRATEGIES = ("ddp_spawn", "ddp_fork", "ddp_notebook", "ddp_spawn_find_unused_parameters_true")
 
 
+def cooldown_steps_of(steps: int, cooldown_fraction: float) -> int:
+    """wsd: optimizer steps of the cooldown of a `steps`-step run: its last `cooldown_fraction`, rounded."""
+    return round(cooldown_fraction * steps)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """The recipe's `train:` section. Defaults are the paper's Appendix E where it states them.
@@ -484,8 +489,8 @@ class TrainConfig:
 
     @property
     def cooldown_steps(self) -> int:
-        """wsd: optimizer steps of the cooldown (the last `cooldown_fraction` of `steps`, rounded)."""
-        return round(self.cooldown_fraction * self.steps)
+        """wsd: optimizer steps of the cooldown (`cooldown_steps_of`)."""
+        return cooldown_steps_of(self.steps, self.cooldown_fraction)
 
     @property
     def cooldown_start(self) -> int:

@@ -343,10 +343,12 @@ def time_rows(study: Any, records: list[Any], seconds: dict[str, float]) -> list
 
 
 def cooldown_steps(record: Any, steps: int) -> int:
-    """The cooldown of a budget of `steps` steps under the fraction the run recorded, rounded as the
-    schedule rounds it (ablate.core.config.TrainConfig.cooldown_steps): what a study trained from step 0
-    trains for a budget below its largest."""
-    return round(float(record.params.get("train.cooldown_fraction", 0.2)) * steps)
+    """The cooldown of a budget of `steps` steps under the fraction the run recorded: what a study trained
+    from step 0 trains for a budget below its largest."""
+    from ablate.core.config import TrainConfig, cooldown_steps_of
+
+    fraction = float(record.params.get("train.cooldown_fraction", TrainConfig.cooldown_fraction))
+    return cooldown_steps_of(steps, fraction)
 
 
 def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) -> list[Path]:

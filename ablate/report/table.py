@@ -172,11 +172,16 @@ def edge_warnings(records: list[RunRecord], search: Any) -> list[str]:
     return sorted(set(warnings))
 
 
+def budgeted(r: RunRecord) -> bool:
+    """Is this the run of a budgeted study's budget (ablate.train.branches tags it with its steps)?"""
+    return bool(r.tags.get("ablate.budget_steps"))
+
+
 def pair_key(r: RunRecord) -> Any:
     """What pairs two rows' runs: the seed; in a budgeted study also the budget, so a row whose runs
     stopped at a smaller budget than the reference's (an extension it missed) is not set against the
     reference's longer runs. Rows given different lengths on purpose (matched compute) still pair."""
-    return (r.seed, r.tokens) if r.tags.get("ablate.budget_steps") else r.seed
+    return (r.seed, r.tokens) if budgeted(r) else r.seed
 
 
 def row_diffs(order: list[str], records: list[RunRecord]) -> dict[tuple[str, str], Any]:
@@ -550,7 +555,7 @@ def _other_budget_rows(ctx: Any, records: list[RunRecord]) -> str:
                 {
                     r.tokens
                     for r in records
-                    if r.size == size and r.variant == v and r.state == "finished" and pair_key(r) != r.seed
+                    if r.size == size and r.variant == v and r.state == "finished" and budgeted(r)
                 }
             )
             for v in order
