@@ -127,19 +127,22 @@ def components(kind: str | None = None, imports: list[str] | None = None, option
     return 0
 
 
-@shared("scale")
+@shared("scale", "workspace")
 def check(
     recipe: str, allow_unmatched: bool = False, *, overrides: list | None = None, **options: Any
 ) -> int:
-    """Validate a recipe and compare the variants' params and FLOPs (exit 2 if unmatched).
+    """Validate a recipe and compare the variants' params and FLOPs (exit 2 if unmatched); say how many
+    training tokens its corpus holds and how many passes each run makes over them.
 
     Args:
         recipe: recipe YAML file, e.g. recipes/table6.yaml
         allow_unmatched: exit 0 even if variants are unmatched
     """
     from ablate.recipe.check import run_check
+    from ablate.recipe.data_use import data_uses
 
-    loaded = _load(recipe, overrides, Shared(**options).scale)
+    opts = Shared(**options)
+    loaded = _load(recipe, overrides, opts.scale)
     scale = loaded.scale
     table = run_check(loaded, scale, allow_unmatched=allow_unmatched)
     print(
@@ -147,6 +150,8 @@ def check(
         f"(matrix products, dense attention maps; training = 3x)"
     )
     print(table)
+    for use in data_uses(loaded.runs_for(loaded.seeds[:1]), opts.workspace_path, strict=False):
+        print(use.line() + ("" if not use.repeats or use.allowed else f"; {use.refusal()}"))
     tol = loaded.tolerance
     print(
         f"all variants within tolerance (params {tol.params:.0%}, FLOPs {tol.flops:.0%}) of the first row"

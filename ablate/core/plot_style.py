@@ -11,9 +11,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from ablate.core.tables import si
 
 PALETTE = tuple(f"C{i}" for i in range(10))  # matplotlib's default cycle, by name
 
@@ -79,6 +82,25 @@ def finish(ax: Any, *, title: str, xlabel: str, ylabel: str, legend: bool = True
     ax.grid(alpha=0.3)
     if legend and drawn_labels(ax):
         ax.legend(fontsize=8, frameon=False)
+
+
+def passes_axis(ax: Any, split_tokens: float, largest: float) -> None:
+    """On a plot over training tokens: passes over the training split on a second (top) axis, and the
+    tokens past one pass shaded, so a reader sees where the runs read their text again
+    (ablate.data.passes). Nothing when the split's size is unknown."""
+    if not split_tokens or not math.isfinite(split_tokens) or split_tokens <= 0:
+        return
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    top = ax.secondary_xaxis("top", functions=(lambda t: t / split_tokens, lambda p: p * split_tokens))
+    top.set_xlabel(f"passes over the {si(split_tokens)}-token training split", fontsize=8)
+    top.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    top.xaxis.set_minor_formatter(NullFormatter())
+    top.tick_params(labelsize=7)
+    if largest > split_tokens:
+        left, right = ax.get_xlim()
+        ax.axvspan(split_tokens, max(right, largest), color="0.88", zorder=0, lw=0, label="past one pass")
+        ax.set_xlim(left, right)
 
 
 def save(fig: Any, path: str | Path, caption: str | None = None, tight: bool = True) -> Path:

@@ -12,6 +12,7 @@ data:
   val_fraction: 0.05    # share of documents held out for validation (by document, by hash)
   task: null            # a task instead of a corpus (kind `task`): {name: multi_needle, ...}
   task_loss: answers    # with a task: train on the answer tokens only, or on all tokens ('all')
+  repeat: ask           # a run past one pass over the training split: ask first (ask) or train (allow)
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class DataConfig:
         val_fraction: share of documents held out for validation, in (0, 0.5]
         task: a task instead of a corpus (kind task): a name, {name: ..., <options>} or class_path/init_args
         task_loss: with a task: train on the answer tokens only (answers) or on every token (all)
+        repeat: a run whose tokens exceed the training split reads text again (ablate.data.passes): a sweep asks before training past one pass (ask) or trains (allow)
     """
 
     source: str | None = "stdlib"
@@ -57,6 +59,7 @@ class DataConfig:
     val_fraction: float = 0.05
     task: Any = None
     task_loss: Literal["answers", "all"] = "answers"
+    repeat: Literal["ask", "allow"] = "ask"
 
     def __post_init__(self) -> None:
         if self.source is None:

@@ -236,13 +236,14 @@ class RunSpec:
             for k, v in self.config["train"].items()
             if k not in without and (k not in KEYS_ADDED_LATER or v != KEYS_ADDED_LATER[k])
         }  # keys added later count only away from their defaults (ablate.core.config.KEYS_ADDED_LATER)
+        data = {k: v for k, v in self.config["data"].items() if k != "repeat"}  # a permission, not the data
         ident = {
             "recipe": self.recipe,
             "variant": self.variant,
             "scale": self.scale,
             "seed": self.seed,
             "size": self.size,
-            "config": {**self.config, "train": train},
+            "config": {**self.config, "train": train, "data": data},
         }
         return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

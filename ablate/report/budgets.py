@@ -5,7 +5,10 @@ Written beside the main table (which is the largest budget's):
 - `budgets.md`: the table at every budget; per row, the paired gap to the reference row at each budget;
   one line per row on the trend; how it was computed.
 - `budgets.csv`: one row per run at every budget (the branches and the longest runs).
-- `gap_vs_tokens.csv`: per row and budget, the paired difference to the reference row [95% Student-t].
+- `gap_vs_tokens.csv`: per row and budget, the paired difference to the reference row [95% Student-t],
+  in validation loss and in the training loss at the runs' ends, with the budget's passes.
+- `generalization.csv`: per row and budget, the passes over the training split, the training loss at
+  the runs' ends, the validation loss and their difference (the generalization gap), over seeds.
 - `doublings.csv`: per row and each doubling of the budget (each pair of consecutive budgets), the
   paired change of the gap per doubling [95% Student-t].
 - `trend.csv`: per row, the change of the gap over the last doubling, and the fitted curves' gap at 10x
@@ -35,6 +38,7 @@ from typing import Any
 
 from ablate.core import plot_style
 from ablate.core.tables import markdown_table, si
+from ablate.data import passes as data_passes
 from ablate.report import stats
 
 EXTRAPOLATE = 10  # the fitted gap is given at this multiple of the largest budget
@@ -48,12 +52,13 @@ def by_budget(records: list[Any]) -> dict[int, list[Any]]:
     return dict(sorted(groups.items()))
 
 
-def losses(records: list[Any], variant: str, size: str) -> dict[int, dict[int, float]]:
-    """seed -> {tokens: final validation loss} of one row's finished runs."""
+def losses(records: list[Any], variant: str, size: str, key: str = "valid") -> dict[int, dict[int, float]]:
+    """seed -> {tokens: final validation loss (or `key`: "train", the training loss at the end)} of one
+    row's finished runs."""
     out: dict[int, dict[int, float]] = defaultdict(dict)
     for r in records:
         if r.variant == variant and r.size == size and r.state == "finished":
-            value = r.values.get("valid", math.nan)
+            value = r.values.get(key, math.nan)
             if math.isfinite(value):
                 out[r.seed][r.tokens] = value
     return dict(out)
@@ -92,10 +97,16 @@ def gap_rows(order: list[str], records: list[Any], labels: dict[str, str]) -> li
     """Per (size, row other than the reference, budget): the paired difference to the reference row."""
     rows = []
     for size, reference, ref, variant, mine, budgets in row_pairs(order, records):
+        mine_train = losses(records, variant, size, "train")
+        ref_train = losses(records, reference, size, "train")
         for tokens in budgets:
             diff = stats.paired_difference(
                 {s: c[tokens] for s, c in mine.items() if tokens in c},
                 {s: c[tokens] for s, c in ref.items() if tokens in c},
+            )
+            train = stats.paired_difference(
+                {s: c[tokens] for s, c in mine_train.items() if tokens in c},
+                {s: c[tokens] for s, c in ref_train.items() if tokens in c},
             )
             rows.append(
                 {
@@ -104,13 +115,53 @@ def gap_rows(order: list[str], records: list[Any], labels: dict[str, str]) -> li
                     "reference": reference,
                     "size": size,
                     "tokens": tokens,
+                    "passes": budget_passes(records, tokens),
                     "n_seeds": diff.n,
                     "gap": diff.mean,
                     "lo": diff.lo,
                     "hi": diff.hi,
                     "p_value": diff.p_value,
+                    "train_gap": train.mean,
+                    "train_lo": train.lo,
+                    "train_hi": train.hi,
                 }
             )
+    return rows
+
+
+def budget_passes(records: list[Any], tokens: int) -> float:
+    """Passes over the training split of the runs at this budget (nan when unknown or not one value)."""
+    seen = {round(r.passes, 6) for r in records if r.tokens == tokens and math.isfinite(r.passes)}
+    return seen.pop() if len(seen) == 1 else math.nan
+
+
+def generalization_rows(order: list[str], records: list[Any], labels: dict[str, str]) -> list[dict[str, Any]]:
+    """Per (size, row, budget): the passes, the training loss at the end, the validation loss, and their
+    difference (validation − train: the generalization gap), each a mean over seeds [95% Student-t]."""
+    rows = []
+    for size in sorted({r.size for r in records}):
+        for variant in order:
+            valid, train = losses(records, variant, size), losses(records, variant, size, "train")
+            for tokens in sorted({t for curve in valid.values() for t in curve}):
+                seeds = [s for s in valid if tokens in valid[s] and tokens in train.get(s, {})]
+                v = stats.mean_ci([valid[s][tokens] for s in seeds])
+                t = stats.mean_ci([train[s][tokens] for s in seeds])
+                g = stats.mean_ci([valid[s][tokens] - train[s][tokens] for s in seeds])
+                rows.append(
+                    {
+                        "variant": variant,
+                        "label": labels[variant],
+                        "size": size,
+                        "tokens": tokens,
+                        "passes": budget_passes(records, tokens),
+                        "n_seeds": len(seeds),
+                        "train": t.mean,
+                        "valid": v.mean,
+                        "valid_minus_train": g.mean,
+                        "valid_minus_train_lo": g.lo,
+                        "valid_minus_train_hi": g.hi,
+                    }
+                )
     return rows
 
 
@@ -254,7 +305,13 @@ def trend_sentence(row: dict[str, Any], gap_at_largest: dict[str, Any] | None) -
     return text + "."
 
 
-def plot_gaps(gaps: list[dict[str, Any]], order: list[str], path: Path, reference_label: str) -> Path:
+def plot_gaps(
+    gaps: list[dict[str, Any]],
+    order: list[str],
+    path: Path,
+    reference_label: str,
+    split_tokens: float = math.nan,
+) -> Path:
     from matplotlib.ticker import NullLocator
 
     colors = plot_style.variant_colors(order)
@@ -274,6 +331,7 @@ def plot_gaps(gaps: list[dict[str, Any]], order: list[str], path: Path, referenc
     ax.set_xticks(budgets, [si(b) for b in budgets])  # the budgets themselves, not the decades' 10^k
     ax.xaxis.set_minor_locator(NullLocator())
     n = max((g["n_seeds"] for g in gaps), default=0)
+    plot_style.passes_axis(ax, split_tokens, max(budgets, default=0))
     plot_style.finish(
         ax,
         title=f"Paired gap to the reference row at each token budget ({n} seeds)",
@@ -353,7 +411,7 @@ def cooldown_steps(record: Any, steps: int) -> int:
 
 def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) -> list[Path]:
     """Write the budget files (module doc) into `folder`; returns them."""
-    from ablate.report.table import row_labels, table_rows, write_csv
+    from ablate.report.table import TRAIN_LOSS_POINTS, common_split, row_labels, table_rows, write_csv
 
     order = list(ctx.recipe.variants)
     labels = row_labels(ctx)
@@ -363,7 +421,8 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
         headers, rows, _ = table_rows(ctx, group)
         steps = {r.tags.get("ablate.budget_steps") for r in group} - {None}
         sections.append(
-            f"### {si(tokens)} tokens ({', '.join(sorted(steps)) or '?'} steps)\n\n{markdown_table(headers, rows)}"
+            f"### {si(tokens)} tokens ({', '.join(sorted(steps)) or '?'} steps; "
+            f"{_passes_text(budget_passes(group, tokens))})\n\n{markdown_table(headers, rows)}"
         )
     gaps = gap_rows(order, records, labels)
     family_note = holm_over_budgets(gaps)
@@ -384,17 +443,51 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
         row["_gap_sign"] = at_largest["gap"] if at_largest else 0.0
         lines.append("- " + trend_sentence(row, at_largest))
     gap_table = markdown_table(
-        ["Row", "tokens", "Δ Valid vs reference (paired) [95% CI]", "seeds"],
+        [
+            "Row",
+            "tokens",
+            "passes",
+            "Δ Valid vs reference (paired) [95% CI]",
+            "Δ Train (paired) [95% CI]",
+            "seeds",
+        ],
         [
             [
                 g["label"],
                 si(g["tokens"]),
+                _passes_text(g["passes"], short=True),
                 stats.format_ci(stats.Interval(g["gap"], g["lo"], g["hi"], g["n_seeds"])),
+                stats.format_ci(stats.Interval(g["train_gap"], g["train_lo"], g["train_hi"], g["n_seeds"])),
                 str(g["n_seeds"]),
             ]
             for g in gaps
         ],
     )
+    general = generalization_rows(order, records, labels)
+    general_table = markdown_table(
+        ["Row", "tokens", "passes", "Train (end)", "Valid", "Valid − Train [95% CI]", "seeds"],
+        [
+            [
+                g["label"] + (f" ({g['size']})" if g["size"] else ""),
+                si(g["tokens"]),
+                _passes_text(g["passes"], short=True),
+                stats.format_number(g["train"]),
+                stats.format_number(g["valid"]),
+                stats.format_ci(
+                    stats.Interval(
+                        g["valid_minus_train"],
+                        g["valid_minus_train_lo"],
+                        g["valid_minus_train_hi"],
+                        g["n_seeds"],
+                    )
+                ),
+                str(g["n_seeds"]),
+            ]
+            for g in general
+        ],
+    )
+    split = common_split(records)
+    repeated = sorted({r.tokens for r in records if data_passes.repeats(r.passes)})
     checked = _predictions_section(folder, gaps)
     seeds = sorted({r.seed for r in records})
     seconds = train_seconds(ctx, records)
@@ -404,6 +497,12 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
         f"# {ctx.recipe.name} at scale {ctx.scale}: "
         + (f"every row at {len(groups)} token budgets" if not short else f"{len(groups)} token budgets")
         + f"\n\nSeeds {seeds}; budgets {', '.join(si(t) for t in groups)} tokens"
+        + (
+            f" (passes over the {si(split)}-token training split: "
+            f"{', '.join(_passes_text(budget_passes(records, t), short=True) for t in groups)})"
+            if math.isfinite(split)
+            else ""
+        )
         + (f"; not every row at each: {'; '.join(short)}" if short else "")
         + ". Each row and seed's longest run trained from step 0, or continued from the stable phase its "
         "previous longest run kept (an extension, ablate.sweep.extend); each smaller budget is its own run, "
@@ -419,7 +518,10 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
         "prediction beyond the data, not a measurement.\n\n"
         + _cost_text(cost)
         + (checked[0] if checked else "")
-        + f"## The gap at each budget\n\n{gap_table}\n\n{family_note}\n\n![gap vs tokens](gap_vs_tokens.png)\n\n"
+        + f"## The gap at each budget\n\n{gap_table}\n\n{family_note} Δ Train: the same paired difference "
+        f"of the training loss at the runs' ends (the mean of each run's last {TRAIN_LOSS_POINTS} logged "
+        "values), at the same points.\n\n![gap vs tokens](gap_vs_tokens.png)\n\n"
+        "## Generalization at each budget\n\n" + _repetition_text(split, repeated) + f"{general_table}\n\n"
         "## The table at each budget\n\n" + "\n\n".join(sections) + "\n"
     )
     written = [folder / "budgets.md"]
@@ -428,6 +530,7 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
     written.append(write_csv(folder / "budgets.csv", [_run_row(r, labels, seconds) for r in records]))
     written.append(write_csv(folder / "gap_vs_tokens.csv", gaps))
     written.append(write_csv(folder / "doublings.csv", doublings))
+    written.append(write_csv(folder / "generalization.csv", general))
     if checked:
         written.append(write_csv(folder / "predicted_vs_measured.csv", checked[1]))
     written.append(
@@ -437,9 +540,36 @@ def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) 
     )
     if gaps:
         written.append(
-            plot_gaps(gaps, order, folder / "gap_vs_tokens.png", labels[order[0]] if order else "")
+            plot_gaps(gaps, order, folder / "gap_vs_tokens.png", labels[order[0]] if order else "", split)
         )
     return written
+
+
+def _passes_text(p: float, short: bool = False) -> str:
+    if not math.isfinite(p):
+        return "passes unknown" if not short else "?"
+    mark = f" {data_passes.REPEATS}" if data_passes.repeats(p) else ""
+    return f"{p:.2f}{mark}" if short else f"{p:.2f} passes over the training split{mark}"
+
+
+def _repetition_text(split: float, repeated: list[int]) -> str:
+    """What the generalization table is for, and which budgets read their training text again."""
+    from ablate.report.table import TRAIN_LOSS_POINTS
+
+    if not math.isfinite(split):
+        return "The training split's size was not recorded: the passes are unknown.\n\n"
+    text = (
+        f"The training split holds {si(split)} tokens. Train (end): the mean of each run's last "
+        f"{TRAIN_LOSS_POINTS} logged training losses; Valid − Train: the generalization gap, mean over seeds. "
+    )
+    if repeated:
+        text += (
+            f"{data_passes.REPEATS} Budget{'s' * (len(repeated) > 1)} {', '.join(si(t) for t in repeated)} "
+            f"{'are' if len(repeated) > 1 else 'is'} past one pass. " + data_passes.REPEAT_EFFECT
+        )
+    else:
+        text += "Every budget is under one pass: no run read its training text twice."
+    return text + "\n\n"
 
 
 def _cost_text(cost: dict[str, Any]) -> str:
@@ -518,9 +648,11 @@ def _run_row(r: Any, labels: dict[str, str], seconds: dict[str, float]) -> dict[
         "size": r.size,
         "seed": r.seed,
         "tokens": r.tokens,
+        "passes": round(r.passes, 4) if math.isfinite(r.passes) else math.nan,
         "steps": r.tags.get("ablate.budget_steps", ""),
         "state": r.state,
         **{k: r.values.get(k, math.nan) for k in ("valid", "ar_hit", "others")},
+        "train_loss_end": r.values.get("train", math.nan),
         "mlflow_run_id": r.run_id or "",
         "branched_from": r.branched_from,
         "branch_step": r.tags.get("ablate.branch_step", ""),

@@ -5,6 +5,9 @@
   warmup (the same fit `ablate fit` records as `ablate.fit.converged`); a run counts as converged when the
   fitted curve predicts less than 1% lower loss from twice its tokens. Rows with a run that had not
   converged are marked `†`, rows with a run too short to tell `?`.
+- Passes over the training data (a header line): the training split's tokens and each run's passes
+  over them (`ablate.data.passes`); rows with a run past one pass are marked `↻`, and the line says what
+  reading text again does to a comparison.
 - The learning-rate protocol: one lr shared by every row, or each row at its best lr of a searched grid.
 - No effect resolved: a sentence when every paired difference's interval contains zero.
 - Purpose: a scale may say what it is for (`scales.<name>.purpose:` in the recipe); the `tiny` scale,
@@ -26,6 +29,7 @@ from typing import Any
 
 from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table, si
+from ablate.data import passes
 from ablate.fitting.curve import DEFAULT_REL_GAIN, fit_loss_curve
 from ablate.recipe.search import point_label
 from ablate.report.stats import PairedDiff
@@ -153,6 +157,34 @@ def tokens_and_convergence(
         if unknown:
             converged += f"; {unknown} too short to tell (marked {UNKNOWN})"
     return f"**{token_text}. {converged}.**"
+
+
+# --- passes over the training data ------------------------------------------------------------------------
+def data_line(records: Sequence[Any]) -> str:
+    """The header line: the training split's tokens and the passes the finished runs made over it
+    (ablate.data.passes), with what repetition does to the comparison when a run passed once; '' when no
+    run drew from a corpus (a task) or none recorded its split."""
+    finished = [r for r in records if r.state == "finished" and r.run_id]
+    splits = sorted({r.split_tokens for r in finished if math.isfinite(r.split_tokens)})
+    if not splits:
+        return ""
+    text = "; ".join(
+        passes.usage_line(split, [r.passes for r in finished if r.split_tokens == split]) for split in splits
+    )
+    if any(passes.repeats(r.passes) for r in finished):
+        return f"**Data: {text}.** {passes.REPEAT_EFFECT}"
+    return f"**Data: {text}.**"
+
+
+def passes_columns(csv_rows: list[dict[str, Any]], records: Iterable[Any]) -> None:
+    """`train_split_tokens`, `passes` and `repeats_data` of each CSV row's run."""
+    by_id = {r.run_id: r for r in records if r.run_id}
+    for row in csv_rows:
+        r = by_id.get(row.get("mlflow_run_id"))
+        p = r.passes if r is not None else math.nan
+        row["train_split_tokens"] = r.split_tokens if r is not None else math.nan
+        row["passes"] = round(p, 4) if math.isfinite(p) else math.nan
+        row["repeats_data"] = "" if not math.isfinite(p) else ("yes" if passes.repeats(p) else "no")
 
 
 # --- the learning-rate protocol --------------------------------------------------------------------------

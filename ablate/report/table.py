@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from ablate.core.tables import si
+from ablate.data import passes as data_passes
 from ablate.report import stats
 
 METRICS = (("valid", "val/loss"), ("ar_hit", "val/ar_hit"), ("others", "val/others"))
+TRAIN_LOSS_POINTS = 5  # the training loss at a run's end: the mean of its last 5 logged values
 
 
 @dataclass
@@ -40,11 +42,17 @@ class RunRecord:
     params: dict[str, str] = field(default_factory=dict)  # the run's MLflow params (flattened config)
     layer_curves: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # rms/..., lambda/...
     branched_from: str = ""  # a budget's run: the MLflow run it branched off (ablate.train.branches)
+    split_tokens: float = math.nan  # tokens of the training split it drew from (nan: a task, or unknown)
 
     @property
     def tokens(self) -> int:
         """Training tokens of the run (its budget), from its tags; 0 if not recorded."""
         return int(self.tags.get("ablate.tokens", 0))
+
+    @property
+    def passes(self) -> float:
+        """Passes the run made over its training split (ablate.data.passes); nan if unknown."""
+        return data_passes.passes(self.tokens, self.split_tokens) if self.tokens else math.nan
 
 
 def collect(ctx: Any, study: Any, with_curves: bool = True, budgets: bool = False) -> list[RunRecord]:
@@ -109,8 +117,10 @@ def _read_run(client: Any, record: RunRecord, with_curves: bool) -> str:
     metrics = run.data.metrics
     record.values = {name: metrics.get(key, math.nan) for name, key in METRICS}
     record.values["ar_hit_share"] = metrics.get("val/ar_hit_share", math.nan)
+    record.values["train"] = train_loss_at_end(client, record.run_id)
     record.tags = dict(run.data.tags)
     record.params = dict(run.data.params)
+    record.split_tokens = split_tokens(client, record)
     if with_curves:
         tokens = {m.step: m.value for m in client.get_metric_history(record.run_id, "tokens")}
         record.curve = [
@@ -119,6 +129,31 @@ def _read_run(client: Any, record: RunRecord, with_curves: bool) -> str:
         ]
         record.layer_curves = layer_curves(client, record.run_id, metrics, tokens)
     return run.info.status
+
+
+def split_tokens(client: Any, record: RunRecord) -> float:
+    """The training split's tokens the run drew from: its tag, or (runs trained before the tag) the
+    `data.json` it logged; nan for a task's run or when neither is there."""
+    from ablate.store.tracking import read_json_artifact
+
+    if data_passes.SPLIT_TAG in record.tags:
+        return float(record.tags[data_passes.SPLIT_TAG])
+    data = read_json_artifact(client, record.run_id, "data.json") or {}
+    return float(data.get("train_tokens", math.nan))
+
+
+def train_loss_at_end(client: Any, run_id: str, last: int = TRAIN_LOSS_POINTS) -> float:
+    """The mean of the run's last `last` logged training losses: its training loss where its validation
+    loss was taken, to set beside it (a generalization gap); nan if it logged none."""
+    values = [m.value for m in client.get_metric_history(run_id, "train/loss")][-last:]
+    values = [v for v in values if math.isfinite(v)]
+    return sum(values) / len(values) if values else math.nan
+
+
+def common_split(records: list[RunRecord]) -> float:
+    """The training split's tokens the runs share (nan when unknown or when they differ)."""
+    splits = {r.split_tokens for r in records if math.isfinite(r.split_tokens)}
+    return splits.pop() if len(splits) == 1 else math.nan
 
 
 def layer_curves(
@@ -312,6 +347,7 @@ def table_rows(
                             k: r.values.get(k, math.nan)
                             for k in ("valid", "ar_hit", "others", "ar_hit_share")
                         },
+                        "train_loss_end": r.values.get("train", math.nan),
                         "mlflow_run_id": r.run_id or "",
                         **r.searched,
                     }
@@ -425,6 +461,9 @@ def plot_loss_curves(
         )
         named.add(key)
     seeds = len({r.seed for r in records if r.curve})
+    plot_style.passes_axis(
+        ax, common_split(records), max((t for r in records for t, _ in r.curve), default=0)
+    )
     plot_style.finish(
         ax,
         title=f"Validation loss during training ({seeds} seed{'s' * (seeds != 1)})",
@@ -462,6 +501,10 @@ def honesty_checks(ctx: Any, all_records: list[RunRecord], records: list[RunReco
         if r.run_id in convergence:
             groups[(r.size, r.variant)].append(convergence[r.run_id])
     marks = {key: mark for key, cs in groups.items() if (mark := rc.row_mark(cs))}
+    for r in records:  # a row that read its text again says so beside its convergence mark
+        if r.state == "finished" and data_passes.repeats(r.passes):
+            key = (r.size, r.variant)
+            marks[key] = marks.get(key, "").replace(data_passes.REPEATS, "") + data_passes.REPEATS
     purpose = rc.scale_purpose(ctx.recipe.scale_overlay(ctx.scale).purpose, ctx.scale)
     searched = sorted({k[len("base.") :] for r in all_records for k in r.searched})
     if searched:  # the scale's purpose line describes its seeded table, not a search at that scale
@@ -474,11 +517,18 @@ def honesty_checks(ctx: Any, all_records: list[RunRecord], records: list[RunReco
     if purpose and overridden:  # the scale's words describe its own settings, not what an override ran
         changed = ", ".join(f"`{key}={value}`" for key, value in overridden)
         purpose += f" (The scale's own words: these runs overrode {changed}; the lines below say what ran.)"
+    data = rc.data_line(records)
     header = ([purpose] if purpose else []) + [
         rc.tokens_and_convergence(records, convergence),
+        *([data] if data else []),
         rc.lr_protocol(records, searched=any(r.searched for r in all_records)),
     ]
     notes = []
+    if any(data_passes.REPEATS in m for m in marks.values()):
+        notes.append(
+            f"{data_passes.REPEATS}: at least one run of the row made more than one pass over its training "
+            "split (table.csv's `passes`)."
+        )
     if rc.NOT_CONVERGED in marks.values():
         notes.append(
             f"{rc.NOT_CONVERGED}: at least one run of the row had not converged (its fitted loss curve "

@@ -15,6 +15,7 @@ from typing import Any
 from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table
 from ablate.report import tasks as task_report
+from ablate.report.checks import passes_columns
 from ablate.report.table import (
     add_convergence_columns,
     best_per_variant,
@@ -51,6 +52,7 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
     for row in csv_rows:
         row["in_table"] = "yes" if row["mlflow_run_id"] in shown else "no"
     add_convergence_columns(csv_rows, honesty.convergence)
+    passes_columns(csv_rows, all_records)
     table = markdown_table(headers, rows)
     title = f"# {ctx.recipe.name} at scale {ctx.scale}\n\n" + "\n\n".join(honesty.header)
     notes = [

@@ -37,7 +37,10 @@ def extension_base(ctx: SweepContext) -> dict[str, dict[str, Any]]:
     """Per row (variant and size), its flattened config without `train.steps`: what an extension keeps."""
     base: dict[str, dict[str, Any]] = {}
     for run in ctx.runs.values():
-        config = {k: v for k, v in tracking.flatten(run.config).items() if k != "train.steps"}
+        # data.repeat permits passes, it changes nothing trained: an extension past one pass may set it
+        config = {
+            k: v for k, v in tracking.flatten(run.config).items() if k not in ("train.steps", "data.repeat")
+        }
         base.setdefault(f"{run.variant}{'/' + run.size if run.size else ''}", config)
     return base
 

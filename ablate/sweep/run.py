@@ -434,6 +434,7 @@ def pending_plans(
 
 
 def confirm_plan(ctx: SweepContext, pending: list[dict[str, Any]], yes: bool) -> None:
+    from ablate.recipe.data_use import confirm_passes, data_uses
     from ablate.sweep.estimate import make_plan
 
     runs = [ctx.run_for_plan(p) for p in pending]
@@ -445,6 +446,10 @@ def confirm_plan(ctx: SweepContext, pending: list[dict[str, Any]], yes: bool) ->
         f"-> about {format_seconds(plan.seconds)} on one worker",
         flush=True,
     )
+    uses = data_uses(runs, ctx.stores.workspace)
+    for use in uses:
+        print(f"[sweep {ctx.study_name}] {use.line()}", flush=True)
+    confirm_passes(uses)  # asked whatever --yes says: repeating the corpus changes the experiment
     if plan.seconds > 3600 and not yes:
         if not sys.stdin or not sys.stdin.isatty():
             raise UserError(

@@ -398,6 +398,7 @@ def train_run(
             )
         client.log_batch(run_id, params=[])  # fail fast if the store went away
         tracking.log_text(client, run_id, json.dumps(tokens.describe(), indent=2), "data.json")
+        _record_passes(client, run_id, run, tokens)
 
         def sink(metrics: dict[str, float], step: int) -> None:
             tracking.log_metrics(client, run_id, metrics, step)
@@ -432,6 +433,26 @@ def train_rank(run: RunSpec, *, workspace: Path) -> TrainResult:
     """A rank other than global rank 0 of a multi-device run: the same training, no MLflow, no files."""
     tokens = _load_data(run, Path(workspace))
     return _fit(run, run.train, tokens, run_dir(workspace, run), None, False, [], workspace)
+
+
+def _record_passes(client: Any, run_id: str, run: RunSpec, data: Any) -> None:
+    """Tag the run with its training split's tokens and its passes over them (ablate.data.passes), and
+    say so when it reads its text more than once. A task generates fresh samples: nothing to count."""
+    from ablate.core.tables import si
+    from ablate.data import passes
+
+    if not hasattr(data, "train"):
+        return
+    split = int(len(data.train))
+    p = passes.passes(run.train.tokens, split)
+    client.set_tag(run_id, passes.SPLIT_TAG, str(split))
+    client.set_tag(run_id, passes.PASSES_TAG, f"{p:.4f}")
+    if passes.repeats(p):
+        print(
+            f"{passes.REPEATS} {run.name}: {si(run.train.tokens)} tokens are {p:.2f} passes over the "
+            f"{si(split)} training tokens of {run.data.source}: it reads text again",
+            flush=True,
+        )
 
 
 def _load_data(run: RunSpec, workspace: Path) -> Any:
