@@ -12,8 +12,8 @@
 - `blocks`: forward and backward both in query blocks (`components.attention.blockwise`, no fused
   kernel): the forward combines the two maps before V, (A1 - λ A2) V as one product, so differential
   attention's forward has Eq. 1's FLOPs instead of the padded kernel's twice the core.
-- `flash_attn`: flash-attn's `flash_attn_func` (CUDA, fp16/bf16), reached only through `flash_attn_func()`,
-  the one seam a CPU stand-in replaces in tests.
+- `flash_attn`: flash-attn's `flash_attn_func` (CUDA, fp16/bf16), probed once at import (`FLASH_ATTN`) and
+  reached only through `flash_attn_func()`, the one seam a CPU stand-in replaces in tests.
 - `sdpa_flash`, `sdpa_efficient`, `sdpa_cudnn`: SDPA held to one fused kernel (flash, memory-efficient,
   cuDNN) by `torch.nn.attention.sdpa_kernel`, so the kernel that runs is the one recorded, never a silent
   fall-back to the math kernel; differential attention runs split V (two calls of head width d). On CPU
@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ablate.core.errors import UserError
 from ablate.core.registry import closest
@@ -71,13 +72,25 @@ COMBINED_MAX_SEQ = 256  # the longest sequence `auto` gives `combined` (the only
 _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
-def flash_attn_func():
-    """The seam to flash-attn: its `flash_attn_func`, imported on first use (the package is optional)."""
+def _probe_flash_attn():
+    """flash-attn's `flash_attn_func`, or None where the package does not import (it is optional). Probed
+    once, when this module is imported: an import tried on every attention call is, under torch.compile, a
+    graph break per layer (a failed import cannot be traced)."""
     try:
         from flash_attn import flash_attn_func as fn
     except ImportError:
-        raise UserError(FLASH_MISSING) from None
+        return None
     return fn
+
+
+FLASH_ATTN = _probe_flash_attn()
+
+
+def flash_attn_func():
+    """The seam to flash-attn: its `flash_attn_func` as probed at import (tests replace `FLASH_ATTN`)."""
+    if FLASH_ATTN is None:
+        raise UserError(FLASH_MISSING)
+    return FLASH_ATTN
 
 
 def check_backend(name: str, *, key: str = "backend") -> str:
@@ -130,12 +143,8 @@ def resolve(
     read from the machine unless given; `seq_len`: the sequence length, where known)."""
     if name != "auto":
         return name
-    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
-        try:
-            flash_attn_func()
-            return "flash_attn"
-        except UserError:
-            pass
+    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and FLASH_ATTN is not None:
+        return "flash_attn"
     if device.type == "cuda":
         return cuda_kernel(dtype, head_dim)
     if diff and device.type == "cpu":
@@ -366,8 +375,6 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
 def restrict_sdpa(name: str):
     """The seam to SDPA's kernel choice: a context in which SDPA may run only `name`'s kernel (tests replace
     it to drive the CUDA kernels' calls on CPU, where only the flash kernel exists)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     return sdpa_kernel([getattr(SDPBackend, SDPA_KERNELS[name])])
 
 

@@ -3,7 +3,9 @@ which SDPA kernel actually runs on CPU."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,7 +58,7 @@ def test_resolve(fake_flash, monkeypatch):
     assert backends.resolve("auto", CUDA, torch.float32) == "sdpa_efficient"  # flash-attn: no fp32 kernels
     for name in ("math", "sdpa", "flash_attn"):
         assert backends.resolve(name, cpu, torch.float32) == name
-    monkeypatch.setitem(sys.modules, "flash_attn", None)
+    monkeypatch.setattr(backends, "FLASH_ATTN", None)
     assert backends.resolve("auto", CUDA, torch.bfloat16) == "sdpa_flash"  # test_cuda_kernels
 
 
@@ -150,3 +152,61 @@ def test_core_shape_errors():
         backends.attend(q, torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8), backend="math")
     with pytest.raises(ValueError, match="do not fit"):
         backends.diff_attend(q, q, q, q, torch.randn(1, 4, 5, 8), torch.tensor(0.5), backend="math")
+
+
+class CountingFinder:
+    """A meta-path finder that counts the lookups of `flash_attn` (each `import flash_attn` that is not
+    already in sys.modules asks it) and finds nothing itself."""
+
+    def __init__(self):
+        self.lookups = 0
+
+    def find_spec(self, name, path=None, target=None):
+        self.lookups += name.split(".")[0] == "flash_attn"
+        return None
+
+
+def test_flash_attn_is_probed_once_at_import():
+    script = (
+        "import sys\n"
+        "class CountingFinder:\n"
+        "    lookups = 0\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        self.lookups += name.split('.')[0] == 'flash_attn'\n"
+        "finder = CountingFinder()\n"
+        "sys.meta_path.insert(0, finder)\n"
+        "import torch\n"
+        "from components.attention import backends\n"
+        "after_import = finder.lookups\n"
+        "for _ in range(3):\n"
+        "    backends.resolve('auto', torch.device('cuda'), torch.bfloat16, diff=True)\n"
+        "print(after_import, finder.lookups)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "1"]  # one lookup, at import; none per call
+
+
+def test_flash_attn_probe_is_not_called_under_compile(monkeypatch):
+    """The CUDA bf16 branch of `auto` and a softmax core, compiled whole (fullgraph: no graph break), with
+    every probe and every lookup of flash_attn counted: none inside the compiled region."""
+    finder = CountingFinder()
+    monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
+    probes = []
+    probe = backends._probe_flash_attn
+    monkeypatch.setattr(backends, "_probe_flash_attn", lambda: probes.append(1) or probe())
+    monkeypatch.setattr(backends, "FLASH_ATTN", None)  # not installed: the import that used to fail per call
+
+    def step(q, k, v):
+        name = backends.resolve("auto", CUDA, torch.bfloat16, diff=True)
+        scale = 1.0 if name == "sdpa_flash" else 2.0
+        return scale * backends.attend(q, k, v, backend="auto")
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="eager", fullgraph=True)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 8, 8, generator=gen) for _ in range(3))
+    out = compiled(q, k, v)
+    assert probes == [] and finder.lookups == 0
+    assert rel(out, softmax64(q, k, v)[1]) < 1e-5  # sdpa_flash chosen: the scale stayed 1
+    torch._dynamo.reset()
