@@ -1,25 +1,26 @@
 """The device check: one prepared run that proves the GPU path on a machine available for minutes.
 
-    python benchmarks/device/check.py --out DIR [--device cuda|cpu] [--dry] [--budget-s 450] [--parts ...]
+    python benchmarks/device/check.py --out DIR [--device cuda|cuda:N|cpu] [--dry] [--budget-s 450] [--parts ...]
+    python benchmarks/device/check.py --plan [--budget-s 450] [--parts ...]   # the plan only, nothing run
 
-It first installs what the image lacks from the wheels `benchmarks/device/wheels.py` fetched beside it
-(`pip install --no-index --find-links`, and this working tree itself, whose entry points register the
-components), then runs five parts in this order, each in a child process held to its own time box, so a part that
-fails or overruns loses nothing the others wrote:
+Before anything starts it checks, in one line each, that what the image lacks can be installed (the
+wheels `benchmarks/device/wheels.py` fetched, pip) and records the versions the image has against what
+the project needs (`versions.json`). It then installs what is missing or too old (`pip install --no-index
+--find-links`, and this working tree, whose entry points register the components), measures how long
+that took, and plans the parts in the time left (`PARTS`: each its share, the last the rest), each in a
+child process held to its box, so a part that fails or overruns loses nothing the others wrote:
 
   a  every attention kind and backend on the device against float64 (benchmarks/device/kernels.py)
   b  `ablate bench` at the `small` scale, sequences 1024, 2048, 4096: tokens/s, peak memory, MFU
-  c  200 steps of the `small` Transformer and Diff in bf16-mixed through `ablate train`, logged to MLflow
-  e  100 steps of each with `train.compile: true`: compile time apart from training time, tokens/s
-  d  with the time left: the `cpu-tokens` width at 8x the CPU study's budgets (every budget from one
-     run; Transformer and Diff; 3 seeds), through `ablate sweep --no-train` and parallel `ablate worker`s
+  c  the `small` Transformer and Diff in bf16-mixed through `ablate train`, logged to MLflow
+  e  Diff with `train.compile: true`: compile time apart from training time, tokens/s
+  d  with the time left: the `cpu-tokens` width's token budgets, sized to land in the box (`runs.d_sizing`),
+     through `ablate sweep --no-train` and parallel `ablate worker`s
 
-and last collects the curves and budget losses from the MLflow store. a, b, c and e may take 7 of the
-default 7.5 minutes; `--parts d --out DIR2` runs d alone, with the whole budget, in a second run.
-Everything lands in DIR: the CSV files, `b_bench/`, `logs/`, `parts.csv` (each part's status and
-seconds), the MLflow and Optuna stores (`stores/`), and README.md (the card, the commands, what each
-number means), rewritten after every part. `--dry` shrinks every part to a size a CPU runs in minutes
-(the test suite runs it with `--device cpu`).
+Each part's results are written as it ends (its CSV from MLflow by a short `collect` inside its box, the
+stores copied, `parts.csv` and README.md rewritten), so a lease cut at any moment keeps every part that
+ended. `--parts d --out DIR2` runs d alone with the whole budget. `--dry` shrinks every part to a size a
+CPU runs in minutes (the test suite runs it with `--device cpu`).
 
 Written as a script of stdlib at its top level, because it starts where jsonargparse, MLflow and
 Optuna are not installed yet; each part imports the library in its own child process.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import importlib.util
 import json
 import os
@@ -38,25 +40,166 @@ import subprocess
 import sys
 import tempfile
 import time
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-# module -> distribution, for what the GPU image may lack (benchmarks/device/wheels.py carries them)
-NEEDED = {"jsonargparse": "jsonargparse", "docstring_parser": "docstring-parser", "mlflow": "mlflow-skinny",
-          "sqlalchemy": "sqlalchemy", "alembic": "alembic", "optuna": "optuna"}  # fmt: skip
-# each part's share of the budget (d takes what is left, less what `collect` needs)
-PARTS = {"a": 60, "b": 100, "c": 150, "e": 120, "d": None}
-COLLECT_S = 40
+# distribution the check needs -> the requirement in pyproject.toml that bounds it (mlflow-skinny is
+# what travels for mlflow); the first group is what the GPU image may lack (wheels.py carries them)
+NEEDED = {"jsonargparse": "jsonargparse", "docstring-parser": "docstring-parser", "mlflow-skinny": "mlflow",
+          "sqlalchemy": None, "alembic": None, "optuna": "optuna", "lightning": "lightning"}  # fmt: skip
+IMAGE = {"torch": "torch", "numpy": "numpy", "pyyaml": "pyyaml", "tokenizers": "tokenizers",
+         "pyarrow": "pyarrow", "tqdm": "tqdm"}  # fmt: skip
+# The children's environment: no telemetry from MLflow (nothing outside can be reached anyway).
+QUIET = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
 
 
-def install(out: Path, wheels: Path) -> tuple[bool, str]:
-    """Install the missing packages from `wheels`, then this working tree where its components are not
-    registered (each step tried whatever the other's outcome); returns (all done, what was done)."""
-    missing = [dist for module, dist in NEEDED.items() if importlib.util.find_spec(module) is None]
+class Part(NamedTuple):
+    """One part of the check: what it does, `runner` ("module:function" in benchmarks/device, called with
+    the part's `Context`), its share of the budget in seconds (None: the time left), whether a `collect`
+    (MLflow -> CSV) follows it inside its box, and what it is expected to get through in that share."""
+
+    what: str
+    runner: str
+    share_s: float | None
+    collects: bool
+    expected: str
+
+
+# The parts, in their default order. A new part is one entry (its runner a function of a Context); its
+# share comes out of the time left to d. Shares assume an H100/H200 (see the plan in README.md).
+PARTS = {
+    "a": Part("attention kernels against float64", "kernels:main", 35, False,
+              "88 checks of 2 kinds x 11 backends x 2 dtypes x 2 kv-head counts; 2 x 8 timings"),
+    "b": Part("`ablate bench`, `small`, seq 1024-4096", "runs:bench", 55, False,
+              "2 variants x 3 lengths x 3 rounds of 16,384 tokens"),
+    "c": Part("`ablate train`, `small`, bf16-mixed", "runs:train", 80, True,
+              "2 variants x 150 steps of 32,768 tokens"),
+    "e": Part("`ablate train`, `small`, `train.compile: true`", "runs:compiled", 100, True,
+              "Diff: 1 cold compile (train and eval graphs), 40 steps"),
+    # "t": Part("the fused Triton differential attention (backend `triton`)", "kernels:triton", 40, False,
+    #           "..."),  # the Triton kernel's bench goes here, before d
+    "d": Part("token budgets at the `cpu-tokens` width", "runs:budgets", None, True,
+              "sized from its box: runs.d_sizing"),
+}  # fmt: skip
+COLLECT_S = 15  # seconds of a part's box kept for its collect (Python, MLflow, one query per run)
+INSTALL_GUESS_S = 30  # the plan's printout only: the real run measures the install first
+
+
+class Context(NamedTuple):
+    """What a part's runner gets."""
+
+    out: Path
+    recipe: Path
+    workspace: Path
+    device: str
+    dry: bool
+    workers: int
+    box_s: float
+
+
+def plan(budget_s: float, spent_s: float, parts: list[str]) -> dict[str, float]:
+    """Each part's box in seconds, given `spent_s` already spent: its share, all shares scaled down
+    together where they do not fit, and the time left after them to the part(s) without a share (split
+    evenly). The boxes add up to at most `budget_s - spent_s` (none below 0)."""
+    left = max(0.0, budget_s - spent_s)
+    fixed = sum(PARTS[p].share_s for p in parts if PARTS[p].share_s is not None)
+    scale = min(1.0, left / fixed) if fixed else 1.0
+    rest = [p for p in parts if PARTS[p].share_s is None]
+    spare = max(0.0, left - fixed * scale) / max(1, len(rest))
+    return {p: PARTS[p].share_s * scale if PARTS[p].share_s is not None else spare for p in parts}
+
+
+def print_plan(budget_s: float, parts: list[str], workers: int, install_s: float = INSTALL_GUESS_S) -> None:
+    """The plan as a table: each part's box (from a start after `install_s` of install) and its expected
+    work; d's budgets as `runs.d_sizing` chooses them for its box."""
+    sys.path.insert(0, str(HERE))
+    from runs import d_sizing  # stdlib at import
+
+    boxes = plan(budget_s, install_s, parts)
+    print(f"budget {budget_s:.0f} s; install {install_s:.0f} s assumed (measured first in a real run)")
+    print("| part | what | box s | expected |")
+    print("|---|---|---|---|")
+    print(f"| install | missing and too old packages, this working tree | {install_s:.0f} | 41 wheels |")
+    for p in parts:
+        expected = PARTS[p].expected
+        if p == "d":
+            expected = d_sizing(boxes[p] - COLLECT_S, workers).describe()
+        print(f"| {p} | {PARTS[p].what} | {boxes[p]:.0f} | {expected} |")
+    print(f"| total | | {install_s + sum(boxes.values()):.0f} | |")
+
+
+def dist_version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def requirements() -> dict[str, str]:
+    """pyproject.toml's dependencies: canonical name -> specifier ("torch" -> ">=2.4,<3")."""
+    import re
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    found = (re.match(r"\s*([A-Za-z0-9_.-]+)\s*(.*)", d) for d in deps)
+    return {m.group(1).lower().replace("_", "-"): m.group(2).split(";")[0].strip() for m in found if m}
+
+
+def satisfies(installed: str | None, spec: str) -> bool | None:
+    """Whether `installed` meets `spec` (None: packaging, which decides, is not importable)."""
+    if installed is None:
+        return False
+    try:
+        from packaging.specifiers import SpecifierSet
+    except ImportError:
+        return None
+    return SpecifierSet(spec).contains(installed, prereleases=True)
+
+
+def versions() -> list[dict]:
+    """What the image has of each distribution the check needs, against pyproject's bounds."""
+    reqs = requirements()
+    rows = [{"dist": "python", "installed": sys.version.split()[0], "required": "", "ok": True}]
+    for dist, req in {**IMAGE, **NEEDED}.items():
+        spec = reqs.get(req, "") if req else ""
+        have = dist_version(dist)
+        rows.append({"dist": dist, "installed": have, "required": spec,
+                     "ok": satisfies(have, spec) if spec else have is not None})  # fmt: skip
+    return rows
+
+
+def precheck(args: argparse.Namespace, found: list[dict]) -> str | None:
+    """The one line that stops the check before anything starts, or None: what the image lacks (or has too
+    old) must be installable from `--wheels` with pip; the image's own packages must meet the bounds."""
+    bad_image = [r for r in found if r["dist"] in IMAGE and r["ok"] is False]
+    if bad_image:
+        return "image: " + ", ".join(f"{r['dist']} {r['installed'] or 'missing'} (needs {r['required'] or 'any'})"
+                                     for r in bad_image) + "; these are the image's own, not carried"  # fmt: skip
+    todo = [r["dist"] for r in found if r["dist"] in NEEDED and r["ok"] is not True]
+    if not todo:
+        return None
+    if not list(args.wheels.glob("*.whl")):
+        return (f"--wheels: {args.wheels} holds no wheels and the image lacks (or has too old) {', '.join(todo)}; "
+                "run python benchmarks/device/wheels.py where a package index is reachable and carry the folder")  # fmt: skip
+    if importlib.util.find_spec("pip") is None and importlib.util.find_spec("ensurepip") is None:
+        return f"pip: neither pip nor ensurepip in {sys.executable}; {', '.join(todo)} cannot be installed"
+    return None
+
+
+def install(out: Path, wheels: Path, found: list[dict]) -> tuple[bool, str]:
+    """Install what is missing or outside its bounds from `wheels` (pip first from ensurepip where the image
+    has none), then this working tree where its components are not registered; returns (all done, note)."""
+    reqs = requirements()
+    todo = [f"{d}{reqs.get(NEEDED[d], '') if NEEDED[d] else ''}" for d in NEEDED
+            if any(r["dist"] == d and r["ok"] is not True for r in found)]  # fmt: skip
     steps = []
     with (out / "logs" / "install.log").open("a") as log:
+
+        def run(*command: str) -> bool:
+            return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode == 0
 
         def pip(*args: str) -> bool:
             command = [
@@ -69,18 +212,18 @@ def install(out: Path, wheels: Path) -> tuple[bool, str]:
                 str(wheels),
                 *args,
             ]
-            if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode == 0:
-                return True
             # a system Python (PEP 668) or a read-only one: the user's site-packages instead
-            user = [*command, "--user", "--break-system-packages"]
-            return subprocess.run(user, stdout=log, stderr=subprocess.STDOUT).returncode == 0
+            return run(*command) or run(*command, "--user", "--break-system-packages")
 
-        if missing:
-            steps.append((pip(*missing), ", ".join(missing)))
+        if todo and importlib.util.find_spec("pip") is None:
+            steps.append((run(sys.executable, "-m", "ensurepip", "--user"), "pip (ensurepip)"))
+        if todo:
+            steps.append((pip(*todo), ", ".join(todo)))
         if not entry_points(group="ablate.components"):
             tools = importlib.util.find_spec("setuptools") is not None or pip("setuptools")
             tree = tools and pip("--no-deps", "--no-build-isolation", "-e", str(ROOT))
             steps.append((tree, "this working tree (editable)"))
+    importlib.invalidate_caches()
     note = "; ".join(("installed " if ok else "FAILED to install ") + what for ok, what in steps)
     return all(ok for ok, _ in steps), note or "nothing to install"
 
@@ -105,9 +248,41 @@ def run_part(part: str, argv: list[str], limit_s: float, out: Path) -> dict:
     }
 
 
+def record(out: Path, row: dict) -> None:
+    """Append one row to parts.csv (kept across runs into the same folder)."""
+    path = out / "parts.csv"
+    columns = ["part", "status", "seconds", "limit_s", "note"]
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+def keep_stores(out: Path, workspace: Path) -> None:
+    """Copy MLflow's and Optuna's stores into `out/stores` (after every part: a lease cut keeps them)."""
+    stores = out / "stores"
+    stores.mkdir(exist_ok=True)
+    for store in [*workspace.glob("*.db"), *workspace.glob("*.journal")]:
+        shutil.copy2(store, stores / store.name)
+
+
+def visible(device: str) -> str:
+    """`cuda:N` made the only card the parts see (CUDA_VISIBLE_DEVICES, inherited by every child, part d's
+    workers and Lightning's `devices: 1` included), so each part runs on `cuda`; other devices unchanged."""
+    kind, _, index = device.partition(":")
+    if kind != "cuda" or not index:
+        return device
+    seen = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    os.environ["CUDA_VISIBLE_DEVICES"] = seen[int(index)] if seen else index
+    return "cuda"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for every result")
+    parser.add_argument("--out", type=Path, help="folder for every result")
+    parser.add_argument("--plan", action="store_true", help="print the plan of the run and stop")
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
     parser.add_argument("--dry", action="store_true", help="tiny sizes (a CPU runs it in about a minute)")
     parser.add_argument("--budget-s", type=float, default=450.0, help="seconds for everything")
@@ -120,42 +295,73 @@ def main() -> None:
         "--parts", nargs="+", default=list(PARTS), choices=list(PARTS), help="which, in order"
     )
     parser.add_argument("--part", help=argparse.SUPPRESS)  # a child: run this one part
+    parser.add_argument("--box-s", type=float, default=0.0, help=argparse.SUPPRESS)  # a child's box
+    parser.add_argument("--of", help=argparse.SUPPRESS)  # a collect child: the part collected
     args = parser.parse_args()
+    if args.plan:
+        return print_plan(args.budget_s, args.parts, args.workers)
+    if args.out is None:
+        parser.error("--out is required (or --plan)")
     out = args.out.resolve()
     workspace = (args.workspace or Path(tempfile.mkdtemp(prefix="ablate-device-"))).resolve()
     if args.part:
         return child(args.part, out, workspace, args)
     started = time.monotonic()
+    os.environ.update(QUIET)
+    device = visible(args.device)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     from summary import write_readme  # benchmarks/device/summary.py: stdlib only
 
-    ok, note = install(out, args.wheels)
+    found = versions()
+    (out / "versions.json").write_text(json.dumps({"before_install": found}, indent=1))
+    stop = precheck(args, found)
+    if stop:
+        print(stop, file=sys.stderr)
+        raise SystemExit(2)
+    ok, note = install(out, args.wheels, found)
+    after = versions()
+    (out / "versions.json").write_text(
+        json.dumps({"before_install": found, "after_install": after}, indent=1)
+    )
+    short = [
+        f"{r['dist']} {r['installed'] or 'missing'} (needs {r['required']})"
+        for r in after
+        if r["ok"] is False
+    ]
     seconds = round(time.monotonic() - started, 1)
-    rows = [{"part": "install", "status": "ok" if ok else "failed (logs/install.log)", "seconds": seconds,
-             "limit_s": "", "note": note}]  # fmt: skip
-    write_readme(out, rows, args, sys.argv)
-    base = [sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--device", args.device,
+    row = {"part": "install", "status": "ok" if ok and not short else "failed (logs/install.log)",
+           "seconds": seconds, "limit_s": "", "note": note + ("; still outside bounds: " + ", ".join(short) if short else "")}  # fmt: skip
+    record(out, row)
+    write_readme(out, args, sys.argv)
+    if short:
+        print("install: " + row["note"], file=sys.stderr)
+        raise SystemExit(2)
+    base = [sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--device", device,
             "--workspace", str(workspace), "--workers", str(args.workers)] + (["--dry"] if args.dry else [])  # fmt: skip
-    for part in args.parts:
-        share = PARTS[part]
-        left = args.budget_s - (time.monotonic() - started) - COLLECT_S
-        # a dry run keeps only the whole budget as a hang guard: a loaded CPU may take any part's share
-        limit = left if share is None or args.dry else min(share, left)
-        rows.append(run_part(part, [*base, "--part", part], limit, out))
-        write_readme(out, rows, args, sys.argv)
-    rows.append(run_part("collect", [*base, "--part", "collect"], COLLECT_S, out))
-    stores = out / "stores"
-    stores.mkdir(exist_ok=True)
-    for store in [*workspace.glob("*.db"), *workspace.glob("*.journal")]:  # MLflow's, Optuna's
-        shutil.copy2(store, stores / store.name)
-    write_readme(out, rows, args, sys.argv)
-    with (out / "parts.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(
-            f, fieldnames=["part", "status", "seconds", "limit_s", "note"], extrasaction="ignore"
-        )
-        writer.writeheader()
-        writer.writerows(rows)
-    print(json.dumps(rows, indent=1))
+    for i, part in enumerate(args.parts):
+        spent = time.monotonic() - started
+        box = plan(args.budget_s, spent, args.parts[i:])[part]
+        if args.dry:  # only the whole budget as a hang guard: a loaded CPU may take any part's share
+            box = max(1.0, args.budget_s - spent)
+        collect = COLLECT_S if PARTS[part].collects and not args.dry else 0
+        if box - collect < 1:
+            record(
+                out, {"part": part, "status": "skipped (no time left)", "seconds": 0, "limit_s": round(box)}
+            )
+            continue
+        box_s = str(round(box - collect, 1))
+        row = run_part(part, [*base, "--part", part, "--box-s", box_s], box - collect, out)
+        if PARTS[part].collects:
+            guard = max(1.0, args.budget_s - (time.monotonic() - started))  # a dry run's hang guard
+            limit = guard if args.dry else collect
+            done = run_part("collect", [*base, "--part", "collect", "--of", part], limit, out)
+            if done["status"] != "ok":
+                row["note"] = f"collect {done['status']}"
+            row["seconds"] = round(row["seconds"] + done["seconds"], 1)
+        keep_stores(out, workspace)
+        record(out, row)
+        write_readme(out, args, sys.argv)
+    print((out / "parts.csv").read_text())
     print(f"results: {out}/README.md")
 
 
@@ -167,20 +373,11 @@ def child(part: str, out: Path, workspace: Path, args: argparse.Namespace) -> No
     if not recipe.exists():
         corpus = runs.write_corpus(workspace / "corpus") if args.dry else None
         runs.write_recipe(recipe, dry=args.dry, device=args.device, corpus=corpus)
-    if part == "a":
-        import kernels
-
-        kernels.main(out, args.device, args.dry)
-    elif part == "b":
-        runs.bench(out, recipe, args.device, args.dry)
-    elif part == "c":
-        runs.train(out, recipe, workspace, args.dry)
-    elif part == "e":
-        runs.compiled(out, recipe, workspace, args.dry)
-    elif part == "d":
-        runs.budgets(out, recipe, workspace, args.dry, args.workers)
-    elif part == "collect":
-        runs.collect(out, workspace)
+    if part == "collect":
+        return runs.collect(out, workspace, args.of)
+    ctx = Context(out, recipe, workspace, args.device, args.dry, args.workers, args.box_s)
+    module, function = PARTS[part].runner.split(":")
+    getattr(importlib.import_module(module), function)(ctx)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 formulas written here (forward and gradients), which SDPA kernel each one ran, and how long a forward +
 backward of each takes at the `small` scale's attention shape.
 
-Writes `a_kernels.csv` (one row per kind, backend, dtype and kv-head count: the relative Frobenius error
-of the output and the largest of the gradients' against float64, the tolerance, pass/fail, or n/a with
-the reason where the backend has no kernel there), `a_timing.csv` (median ms of forward + backward) and
-`device.json` (the card, torch, CUDA).
+Writes `device.json` (the card, torch, CUDA) first, then `a_kernels.csv` (one row per kind, backend,
+dtype and kv-head count: the relative Frobenius error of the output and the largest of the gradients'
+against float64, the tolerance, pass/fail, or n/a with the reason where the backend has no kernel there)
+and `a_timing.csv` (median ms of forward + backward), a row at a time as each check ends: a part stopped
+at its box keeps every check it made. A check that raises anything is an `error` row, and the rest go on.
 """
 
 from __future__ import annotations
@@ -89,8 +90,11 @@ def check_one(kind, backend, dtype, kv_heads, device, n, d, heads) -> dict:
         )
     except UserError as e:
         return row | {"status": "n/a", "note": str(e)}
-    except RuntimeError as e:
-        return row | {"status": "error", "note": str(e).splitlines()[0][:200]}
+    except Exception as e:  # noqa: BLE001 - any failure of one kernel is that check's result
+        return row | {
+            "status": "error",
+            "note": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}",
+        }
     wide = [t.detach().double().requires_grad_() for t in leaves]
     expected = reference(kind, *wide[:3], wide[3] if kind == "diff" else None)
     want = torch.autograd.grad(expected, wide, grad_out.double())
@@ -110,7 +114,10 @@ def time_one(kind, backend, dtype, device, n, d, heads, rounds) -> float:
     return median_ms(ops, step, rounds)
 
 
-def main(out: Path, device_name: str, dry: bool) -> None:
+def write_device(out: Path, device_name: str) -> None:
+    """device.json: the device as named, its card (or CPU), torch and CUDA (where no earlier part wrote it)."""
+    if (out / "device.json").exists():
+        return
     device = torch.device(device_name)
     info = {"device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda}
     if device.type == "cuda":
@@ -123,26 +130,42 @@ def main(out: Path, device_name: str, dry: bool) -> None:
 
         info["name"] = cpu_name()
     (out / "device.json").write_text(json.dumps(info, indent=2))
+
+
+class Rows:
+    """A CSV file written a row at a time, flushed after each (a part killed at its box keeps them)."""
+
+    def __init__(self, path: Path, columns: list[str]):
+        self.file = path.open("w", newline="")
+        self.writer = csv.DictWriter(self.file, fieldnames=columns, extrasaction="ignore")
+        self.writer.writeheader()
+        self.rows: list[dict] = []
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        self.writer.writerow(row)
+        self.file.flush()
+
+
+def main(ctx) -> None:
+    out, dry = ctx.out, ctx.dry
+    write_device(out, ctx.device)
+    device = torch.device(ctx.device)
     n, d, heads = (16, 8, 4) if dry else (256, 64, 4)
     dtypes = [torch.float32, torch.bfloat16]
-    rows = []
+    columns = ["kind", "backend", "resolved", "dtype", "kv_heads", "seq", "width", "heads", "out_rel_err",
+               "grad_rel_err", "tolerance", "status", "sdpa_ops", "note"]  # fmt: skip
+    checks = Rows(out / "a_kernels.csv", columns)
     for kind in KINDS:
         for backend in backends.BACKENDS:
             for dtype in dtypes:
                 for kv_heads in (heads, heads // 2):
-                    rows.append(check_one(kind, backend, dtype, kv_heads, device, n, d, heads))
-                    print(
-                        f"[a] {kind} {backend} {rows[-1]['dtype']} kv {kv_heads}: {rows[-1]['status']}",
-                        flush=True,
-                    )
-    columns = ["kind", "backend", "resolved", "dtype", "kv_heads", "seq", "width", "heads", "out_rel_err",
-               "grad_rel_err", "tolerance", "status", "sdpa_ops", "note"]  # fmt: skip
-    with (out / "a_kernels.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
+                    checks.add(check_one(kind, backend, dtype, kv_heads, device, n, d, heads))
+                    print(f"[a] {kind} {backend} {checks.rows[-1]['dtype']} kv {kv_heads}: "
+                          f"{checks.rows[-1]['status']}", flush=True)  # fmt: skip
+    rows = checks.rows
     # The `small` scale's attention (Transformer: 12 heads of 64; Diff: 6 heads of 2 x 64), two sequences.
-    timed = []
+    timed = Rows(out / "a_timing.csv", ["kind", "backend", "dtype", "seq", "heads", "ms_fwd_bwd"])
     seq, dtype, rounds = (16, torch.float32, 1) if dry else (4096, torch.bfloat16, 10)
     for kind, h in (("softmax", 12), ("diff", 6)):
         for backend in backends.BACKENDS:
@@ -150,15 +173,11 @@ def main(out: Path, device_name: str, dry: bool) -> None:
                 continue
             try:
                 ms = time_one(kind, backend, dtype, device, seq, 8 if dry else 64, h, rounds)
-            except (UserError, RuntimeError) as e:
-                print(f"[a] timing {kind} {backend}: {str(e).splitlines()[0][:200]}", flush=True)
+            except Exception as e:  # noqa: BLE001 - a timing that fails is left out, the rest go on
+                print(f"[a] timing {kind} {backend}: {(str(e).splitlines() or [''])[0][:200]}", flush=True)
                 continue
-            timed.append({"kind": kind, "backend": backend, "dtype": str(dtype).removeprefix("torch."),
-                          "seq": seq, "heads": h, "ms_fwd_bwd": round(ms, 3)})  # fmt: skip
-    with (out / "a_timing.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["kind", "backend", "dtype", "seq", "heads", "ms_fwd_bwd"])
-        writer.writeheader()
-        writer.writerows(timed)
+            timed.add({"kind": kind, "backend": backend, "dtype": str(dtype).removeprefix("torch."),
+                       "seq": seq, "heads": h, "ms_fwd_bwd": round(ms, 3)})  # fmt: skip
     failed = [r for r in rows if r["status"] in ("FAIL", "error")]
     print(f"[a] {len(rows)} checks, {len(failed)} failed", flush=True)
     if failed:

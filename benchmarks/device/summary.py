@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -23,18 +24,24 @@ MEANINGS = """\
 - `a_timing.csv`: median milliseconds of one forward + backward of the attention core alone at the
   `small` scale's heads (Transformer 12 x 64, Diff 6 x 2 x 64), 2 sequences.
 - `b_bench/`: `ablate bench` (its `bench.md` explains every column): training tokens/s (forward,
-  backward, AdamW), peak memory above the weights and optimizer state, and MFU against the card's matmul
-  peak measured in the same run (bf16 square GEMMs).
-- `c_train.csv`: the training curves of parts c (`scale` train-small) and e (train-compile) as MLflow
-  logged them: train/loss every 10 steps, val/loss every 100 (and at the end), tokens/s of the interval
-  without the time spent compiling, and `compile_s`, the seconds spent in torch.compile so far (part e).
+  backward, AdamW), peak memory above the weights and optimizer state, and `mfu` against the card's matmul
+  peak measured in the same run (bf16 square GEMMs: an H100's reach about 600-700 of its 989 spec
+  TFLOP/s); `mfu_spec` in the table above is the same FLOPs against the card's dense bf16 spec peak
+  (`SPEC_TFLOPS`), the figure papers usually quote.
+- `c_train.csv`, `e_compile.csv`: the training curves of parts c and e as MLflow logged them: train/loss
+  every 10 steps, val/loss at the end (on as many of 8 batches as the validation split holds, part e on
+  2), tokens/s of the interval without the time spent compiling, and `compile_s`, the seconds spent in
+  torch.compile so far (part e).
   The tables above: first and last logged training loss, last validation loss, median tokens/s of the
   intervals, the last `compile_s`.
 - `d_budgets.csv`: part d's validation loss, AR-Hit and Others at every token budget per variant and seed
-  (the budgets below the largest are cooldowns branched off the longest run); a budget missing there did
-  not finish in the time left.
-- `parts.csv`: each part's status and seconds; `logs/`: each part's output; `stores/`: the MLflow and
-  Optuna stores (`ablate report` and `ablate ui` read them on a machine with the full install).
+  (the budgets below the largest are cooldowns branched off the longest run), and each run's seconds.
+  Its budgets were sized to land in its box (`logs/d_budgets.log` says which, from an assumed rate that
+  these seconds correct); a run still RUNNING there was stopped at the box.
+- `parts.csv`: each part's status and seconds, appended as each part ends (and across runs into the same
+  folder); `versions.json`: what the image had of each needed package against pyproject's bounds, before
+  and after the install; `logs/`: each part's output; `stores/`: the MLflow and Optuna stores, copied after
+  every part (`ablate report` and `ablate ui` read them on a machine with the full install).
 """
 
 
@@ -69,8 +76,36 @@ def kernels_section(out: Path) -> list[str]:
     )
 
 
-def train_section(out: Path, scale: str) -> list[str]:
-    rows = [r for r in read_csv(out / "c_train.csv") if r["scale"] == scale]
+# Dense bf16 tensor-core peaks (TFLOP/s, NVIDIA's data sheets), by a part of the name torch reports; the
+# first match counts, so the PCIe and NVL H100s come before the SXM one.
+SPEC_TFLOPS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("GH200", 989.4), ("H200", 989.4),
+               ("H100", 989.4), ("A100", 312.0), ("L40S", 362.1), ("B200", 2250.0)]  # fmt: skip
+
+
+def spec_tflops(card: str) -> float | None:
+    return next((tflops for part, tflops in SPEC_TFLOPS if part in card), None)
+
+
+def bench_rows(out: Path, card: str) -> list[dict]:
+    """bench.csv with `mfu_spec`: the same FLOPs against the card's spec peak, from the measured bf16 peak
+    that bench.md states (mfu x measured / spec)."""
+    rows = read_csv(out / "b_bench" / "bench.csv")
+    md = out / "b_bench" / "bench.md"
+    text = md.read_text() if md.exists() else ""
+    ran = re.search(r"MFU is against the (\S+) peak", text)
+    peaks = dict((d, float(p)) for d, p in re.findall(r"(\w+) ([\d.]+) TFLOP/s", text))
+    spec = spec_tflops(card)
+    measured = peaks.get(ran.group(1)) if ran and ran.group(1) == "bf16" else None
+    for r in rows:
+        try:
+            r["mfu_spec"] = f"{float(r['mfu']) * measured / spec:.4f}" if spec and measured else ""
+        except ValueError:  # an mfu of "nan" (the measured peak suspect)
+            r["mfu_spec"] = ""
+    return rows
+
+
+def train_section(out: Path, name: str) -> list[str]:
+    rows = read_csv(out / name)
     summary = []
     for variant in dict.fromkeys(r["variant"] for r in rows):
         mine = [r for r in rows if r["variant"] == variant]
@@ -103,10 +138,12 @@ def budgets_section(out: Path) -> list[str]:
     return table(summary, list(summary[0])) if summary else ["(no finished budget)"]
 
 
-def write_readme(out: Path, parts: list[dict], args, argv: list[str]) -> None:
+def write_readme(out: Path, args, argv: list[str]) -> None:
+    """README.md from what is in `out`, parts.csv's rows included (every run into the folder)."""
     info = json.loads((out / "device.json").read_text()) if (out / "device.json").exists() else {}
     card = info.get("name", args.device)
-    bench = read_csv(out / "b_bench" / "bench.csv")
+    parts = read_csv(out / "parts.csv")
+    bench = bench_rows(out, card)
     ran = {row["part"] for row in parts}
 
     def section(part: str, lines: list[str]) -> list[str]:
@@ -140,13 +177,13 @@ def write_readme(out: Path, parts: list[dict], args, argv: list[str]) -> None:
         "",
         "## (c) `ablate train`: Transformer and Diff",
         "",
-        *section("c", train_section(out, "train-small")),
+        *section("c", train_section(out, "c_train.csv")),
         "",
-        "## (e) `ablate train` with `train.compile: true`",
+        "## (e) `ablate train` with `train.compile: true`: Diff",
         "",
-        *section("e", train_section(out, "train-compile")),
+        *section("e", train_section(out, "e_compile.csv")),
         "",
-        "## (d) token budgets 8x the CPU study's",
+        "## (d) token budgets at the `cpu-tokens` width, sized to the box",
         "",
         *section("d", budgets_section(out)),
         "",
