@@ -119,10 +119,10 @@ def print_plan(budget_s: float, parts: list[str], workers: int, install_s: float
     from runs import d_sizing  # stdlib at import
 
     boxes = plan(budget_s, install_s, parts)
-    print(f"budget {budget_s:.0f} s; install {install_s:.0f} s assumed (measured first in a real run)")
+    print(f"budget {budget_s:.0f} s; install {install_s:.0f} s assumed (measured first in a real run)\n")
     print("| part | what | box s | expected |")
     print("|---|---|---|---|")
-    print(f"| install | missing and too old packages, this working tree | {install_s:.0f} | 41 wheels |")
+    print(f"| install | missing and too old packages, this working tree | {install_s:.0f} | the wheels carried |")
     for p in parts:
         expected = PARTS[p].expected
         if p == "d":

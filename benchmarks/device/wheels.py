@@ -1,16 +1,17 @@
 """Fetch, on a machine with a package index, the wheels the GPU image lacks, so the device check
 (benchmarks/device/check.py) installs them there offline (`pip install --no-index --find-links`).
 
-The GPU image has Python 3.12, torch + CUDA, lightning, triton, numpy, pyarrow, tokenizers and tiktoken
-(and what those pull in: PRESENT); it lacks the CLI's, the tracking store's and the sweeps' packages
-(CARRIED). Their dependencies are resolved here for CPython 3.12 on manylinux x86_64 (`pip install
+The GPU image has Python 3.12, torch + CUDA, lightning, triton, numpy, pyarrow, tokenizers and tiktoken;
+it lacks the CLI's, the tracking store's and the sweeps' packages (CARRIED), and its lightning may be
+older than the project's bound. Only torch's own pins and compiled packages are trusted to it (PRESENT). Their dependencies are resolved here for CPython 3.12 on manylinux x86_64 (`pip install
 --dry-run --report`), those the image already has are dropped, and the rest is downloaded without
 dependencies into `--out` (default benchmarks/device/wheels/, ignored by git: the working tree carries
 it). Prints each wheel with its size and why it travels, and the total against the limit.
 
     python benchmarks/device/wheels.py [--out benchmarks/device/wheels] [--limit-mib 60]
 
-Measured for mlflow 3.17.2 (CPython 3.12, manylinux x86_64): this set is 41 wheels, 21.2 MiB. Not
+Measured for mlflow 3.17.2 (CPython 3.12, manylinux x86_64), before lightning and the pure-Python
+dependencies travelled: 41 wheels, 21.2 MiB (lightning's are about 2 MiB more; not measured again). Not
 carried: the full `mlflow` (its wheel alone 12.0 MiB, the UI's JavaScript, and it requires scipy, 35.7 MiB,
 matplotlib, 9.9 MiB, pandas and scikit-learn: over the 64 MiB a working tree may carry; `mlflow-skinny`
 plus SQLAlchemy and Alembic keep the SQLite tracking store, which is all `ablate train` and `ablate sweep`
@@ -52,14 +53,15 @@ CARRIED = {
     "alembic": "MLflow's SQLite tracking store: its schema migrations",
     "optuna": "`ablate sweep` and `ablate worker`: the study (part d)",
     "setuptools": "to install this working tree (its entry points register the components)",
+    "lightning>=2.6": "used only where the image's is older than pyproject's bound (Trainer.fit's weights_only)",
 }
-# Already in the GPU image: the packages it names and their dependencies.
+# Left out, trusted to the GPU image: torch and what torch itself pins, and the compiled packages the
+# image names. Small pure-Python dependencies travel even where the image may have them: their versions
+# there are unknown (typing-extensions too old for pydantic), and pip installs one only where it must.
 PRESENT = {
-    "torch", "lightning", "pytorch-lightning", "lightning-utilities", "torchmetrics", "triton", "numpy",
-    "pyarrow", "tokenizers", "tiktoken", "huggingface-hub", "hf-xet", "pyyaml", "tqdm", "packaging",
-    "typing-extensions", "filelock", "fsspec", "jinja2", "markupsafe", "networkx", "sympy", "mpmath",
-    "requests", "urllib3", "idna", "certifi", "charset-normalizer", "regex", "aiohttp", "aiosignal",
-    "aiohappyeyeballs", "attrs", "frozenlist", "multidict", "propcache", "yarl",
+    "torch", "triton", "numpy", "pyarrow", "tokenizers", "tiktoken", "hf-xet", "pyyaml", "regex",
+    "charset-normalizer", "markupsafe", "aiohttp", "frozenlist", "multidict", "propcache", "yarl",
+    "sympy", "mpmath", "networkx", "jinja2", "filelock", "fsspec",
 }  # fmt: skip
 
 
@@ -110,16 +112,13 @@ def main() -> None:
         [*pip, "download", "--no-deps", "--quiet", "--dest", str(args.out), *PLATFORM, *specs], check=True
     )
     total = 0
+    reasons = {canonical(re.split(r"[<>=!~]", k)[0]): why for k, why in CARRIED.items()}
     print(f"{'wheel':<72} {'MiB':>6}  why")
     for wheel in sorted(args.out.glob("*.whl")):
         name = canonical(wheel.name.split("-")[0])
         size = wheel.stat().st_size
         total += size
-        why = (
-            CARRIED.get(name)
-            or CARRIED.get(name.replace("-", "_"))
-            or "needed by " + ", ".join(sorted(set(users.get(name, ["?"]))))
-        )
+        why = reasons.get(name) or "needed by " + ", ".join(sorted(set(users.get(name, ["?"]))))
         print(f"{wheel.name:<72} {size / 2**20:6.2f}  {why}")
     skipped = sorted({canonical(i["metadata"]["name"]) for i in items} & PRESENT)
     print(f"left out, already in the GPU image: {', '.join(skipped)}")
