@@ -122,7 +122,9 @@ def print_plan(budget_s: float, parts: list[str], workers: int, install_s: float
     print(f"budget {budget_s:.0f} s; install {install_s:.0f} s assumed (measured first in a real run)\n")
     print("| part | what | box s | expected |")
     print("|---|---|---|---|")
-    print(f"| install | missing and too old packages, this working tree | {install_s:.0f} | the wheels carried |")
+    print(
+        f"| install | missing and too old packages, this working tree | {install_s:.0f} | the wheels carried |"
+    )
     for p in parts:
         expected = PARTS[p].expected
         if p == "d":
