@@ -37,7 +37,8 @@ MINI = {
             "log_every": 1,
             "precision": "32-true",
         },
-        "data": {"source": "CORPUS", "tokenizer": "byte", "val_fraction": 0.2},
+        # a 35K-token corpus that many tests train past one pass of: they test other things than that
+        "data": {"source": "CORPUS", "tokenizer": "byte", "val_fraction": 0.2, "repeat": "allow"},
     },
     "variants": {
         "transformer": {"label": "Transformer", "model": {"attention": {"name": "softmax"}}},

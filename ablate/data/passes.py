@@ -24,7 +24,7 @@ PASSES_TAG = "ablate.passes"
 REPEAT_EFFECT = (
     "A run past one pass has read its training text more than once: its validation loss then measures "
     "how well it fits text it saw again as well as how fast it learns, so a gap between rows there can be "
-    "a gap in overfitting; compare the train-loss columns and the validation − train gaps."
+    "a gap in overfitting."
 )
 
 

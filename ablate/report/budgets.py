@@ -565,7 +565,8 @@ def _repetition_text(split: float, repeated: list[int]) -> str:
     if repeated:
         text += (
             f"{data_passes.REPEATS} Budget{'s' * (len(repeated) > 1)} {', '.join(si(t) for t in repeated)} "
-            f"{'are' if len(repeated) > 1 else 'is'} past one pass. " + data_passes.REPEAT_EFFECT
+            f"{'are' if len(repeated) > 1 else 'is'} past one pass. {data_passes.REPEAT_EFFECT} Compare the "
+            "rows' Δ Train with their Δ Valid above, and the Valid − Train gaps here."
         )
     else:
         text += "Every budget is under one pass: no run read its training text twice."

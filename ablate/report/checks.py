@@ -164,16 +164,35 @@ def data_line(records: Sequence[Any]) -> str:
     """The header line: the training split's tokens and the passes the finished runs made over it
     (ablate.data.passes), with what repetition does to the comparison when a run passed once; '' when no
     run drew from a corpus (a task) or none recorded its split."""
-    finished = [r for r in records if r.state == "finished" and r.run_id]
-    splits = sorted({r.split_tokens for r in finished if math.isfinite(r.split_tokens)})
-    if not splits:
+    text, repeated = usage_summary([r for r in records if r.state == "finished" and r.run_id])
+    if not text:
         return ""
-    text = "; ".join(
-        passes.usage_line(split, [r.passes for r in finished if r.split_tokens == split]) for split in splits
+    pointer = (
+        " `table.csv` sets each run's training loss at its end (`train_loss_end`) beside its validation loss."
     )
-    if any(passes.repeats(r.passes) for r in finished):
-        return f"**Data: {text}.** {passes.REPEAT_EFFECT}"
-    return f"**Data: {text}.**"
+    return f"**Data: {text}.**" + (f" {passes.REPEAT_EFFECT}{pointer}" if repeated else "")
+
+
+def usage_summary(runs: Sequence[Any]) -> tuple[str, bool]:
+    """The passes of `runs` (anything with `split_tokens` and `passes`) over each training split they drew
+    from, and whether any is past one pass; ('', False) when no run recorded its split."""
+    splits = sorted({r.split_tokens for r in runs if math.isfinite(r.split_tokens)})
+    text = "; ".join(
+        _source_of([r for r in runs if r.split_tokens == s])
+        + passes.usage_line(s, [r.passes for r in runs if r.split_tokens == s])
+        for s in splits
+    )
+    return text, any(passes.repeats(r.passes) for r in runs)
+
+
+def _source_of(runs: Sequence[Any]) -> str:
+    """'stdlib: ' when the runs name one data source (a path by its last part: no place of the machine
+    that trained goes into a report), else ''."""
+    sources = {r.params.get("data.source") if isinstance(r.params, Mapping) else None for r in runs}
+    if len(sources) != 1 or None in sources:
+        return ""
+    (source,) = sources
+    return f"{source.rstrip('/').rsplit('/', 1)[-1]}: "
 
 
 def passes_columns(csv_rows: list[dict[str, Any]], records: Iterable[Any]) -> None:

@@ -49,6 +49,7 @@ from typing import Any
 
 from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table, si
+from ablate.data.passes import REPEAT_EFFECT
 from ablate.recipe.resolve import Recipe
 from ablate.store import tracking
 from ablate.store.stores import Stores
@@ -85,6 +86,8 @@ class FinishedRun:
     curve_fit: Any = None  # LossCurveFit, or None when it could not be fitted
     curve_error: str = ""
     family: str = ""  # the training it belongs to: a budget's branch counts as its longest run's
+    split_tokens: float = math.nan  # the training split it drew from (ablate.data.passes)
+    passes: float = math.nan  # passes over that split
 
     @property
     def converged(self) -> bool | None:
@@ -291,6 +294,7 @@ def _fit_grid(
         notes=notes,
         precision=precisions(fitted),
         machines=[r.tags.get("ablate.machine", "") for r in fitted],
+        data=data_note(runs),
     )
     if ctx.stores.from_export:  # `ablate fit --from`: the files again, nothing recorded anywhere
         return written
@@ -348,7 +352,17 @@ def _finished_run(client: Any, record: Any, params_count: str) -> FinishedRun:
         loss=last_loss,
         tokens=last_tokens,
         family=record.branched_from or record.run_id,
+        split_tokens=record.split_tokens,
+        passes=record.passes,
     )
+
+
+def data_note(runs: list[FinishedRun]) -> str:
+    """'Data: <split> training tokens; the runs make <passes> over them ...' ('' when not recorded)."""
+    from ablate.report.checks import usage_summary
+
+    text, repeated = usage_summary(runs)
+    return f"Data: {text}." + (f" {REPEAT_EFFECT}" if repeated else "") if text else ""
 
 
 def _count(items) -> dict[str, int]:
@@ -395,6 +409,8 @@ def _notes(
         f"scale {ctx.scale}); N = {PARAMS_WORDS[params_count]} (MLflow tag {PARAMS_TAGS[params_count]}), "
         "the same count for every arch; D = training tokens at the validation."
     ]
+    if data := data_note(runs):
+        notes.append(data)
     if form == "size":
         budgets = sorted({r.tokens for r in runs})
         at = si(budgets[0]) if len(budgets) == 1 else f"{si(budgets[0])}-{si(budgets[-1])}"

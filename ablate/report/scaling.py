@@ -221,6 +221,8 @@ def point_rows(runs: list[Any], conv: dict[str, dict[str, Any]], seconds: dict[s
             "seed": r.seed,
             "params": r.params,
             "tokens": r.tokens,
+            "train_split_tokens": r.split_tokens,
+            "passes": round(r.passes, 4) if math.isfinite(r.passes) else math.nan,
             "loss": r.loss,
             **conv[r.run_id],
             "mlflow_run_id": r.run_id,
@@ -291,7 +293,9 @@ def grid_readme(
     params_word: str,
     precision: str,
     machine: str,
+    data: str = "",
 ) -> str:
+    """The folder's README; `data`: the passes over the training data (ablate.report.fit_runs.data_note)."""
     points, cost = rows["points"], rows["grid"][0]
     sizes = sorted({(p["params"], p["size"]) for p in points if p["arch"] == fits["joint"].reference})
     budgets = sorted({p["tokens"] for p in points})
@@ -323,6 +327,7 @@ def grid_readme(
         f"budget as a run of its own from step 0 would take about "
         f"{cost['separate_runs_train_minutes_estimated']} min at the same speeds: "
         f"{cost['grid_over_separate']}x (`grid.csv`)",
+        f"- {data[:1].lower() + data[1:]}" if data else "- data: the training split's size was not recorded",
         f"- convergence: {cost['points_converged']} of {cost['points_with_convergence']} points gain under 1% "
         "from twice the tokens (`points.csv`: measured against the same run family's next budget, fitted "
         "at the largest budget)",
@@ -371,11 +376,13 @@ def write_grid_report(
     notes: list[str],
     precision: str = "not recorded",
     machines: list[str] | None = None,
+    data: str = "",
 ) -> tuple[list[Path], dict[str, FitReport], dict[str, dict[str, Any]]]:
     """Fit the grid and write the folder (module doc); returns the files, the fits and each run's
     convergence. `ctx`: the sweep (its recipe's name and path, its scale); `spans`: the study's completed
     trials' (start, end); `seconds`: each run's training seconds; `precision`: what the runs trained in;
-    `machines`: each run's `ablate.machine` tag ("" where it has none)."""
+    `machines`: each run's `ablate.machine` tag ("" where it has none); `data`: the passes over the
+    training data, a sentence."""
     fits, where = grid_fits(runs, reference, n_boot, seed)
     conv = convergence(runs)
     for name, report in fits.items():
@@ -396,7 +403,7 @@ def write_grid_report(
     readme = folder / "README.md"  # what a person wrote below the generated part is kept (hand_written)
     kept = hand_written(readme.read_text()) if readme.exists() else ""
     readme.write_text(
-        grid_readme(ctx, fits, where, rows, params_word, precision, machine_line(machines or [""]))
+        grid_readme(ctx, fits, where, rows, params_word, precision, machine_line(machines or [""]), data)
         + (f"\n{kept}" if kept else "")
     )
     return [readme, *written], fits, conv

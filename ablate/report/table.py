@@ -524,19 +524,19 @@ def honesty_checks(ctx: Any, all_records: list[RunRecord], records: list[RunReco
         rc.lr_protocol(records, searched=any(r.searched for r in all_records)),
     ]
     notes = []
-    if any(data_passes.REPEATS in m for m in marks.values()):
-        notes.append(
-            f"{data_passes.REPEATS}: at least one run of the row made more than one pass over its training "
-            "split (table.csv's `passes`)."
-        )
-    if rc.NOT_CONVERGED in marks.values():
+    if any(rc.NOT_CONVERGED in m for m in marks.values()):
         notes.append(
             f"{rc.NOT_CONVERGED}: at least one run of the row had not converged (its fitted loss curve "
             "predicts 1% or more lower loss from twice the tokens)."
         )
-    if rc.UNKNOWN in marks.values():
+    if any(rc.UNKNOWN in m for m in marks.values()):
         notes.append(
             f"{rc.UNKNOWN}: a run of the row had too few validations after warmup to fit a loss curve."
+        )
+    if any(data_passes.REPEATS in m for m in marks.values()):
+        notes.append(
+            f"{data_passes.REPEATS}: at least one run of the row made more than one pass over its training "
+            "split (table.csv's `passes`)."
         )
     if rc.all_intervals_contain_zero(row_diffs(list(ctx.recipe.variants), records).values()):
         notes.append(rc.ALL_CONTAIN_ZERO)

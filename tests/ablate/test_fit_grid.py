@@ -52,6 +52,8 @@ def grid_runs(seeds=4, seed_noise=0.004, point_noise=0.002, laws=None, rng_seed=
                             loss=float(law(n, d) * noise),
                             run_id=run_id,
                             family=family,
+                            split_tokens=4.0 * BUDGETS[-1],  # every budget under one pass
+                            passes=float(d) / (4.0 * BUDGETS[-1]),
                         )
                     )
     return runs

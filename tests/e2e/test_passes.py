@@ -30,7 +30,7 @@ def _split_tokens(text: str) -> int:
 
 
 def test_a_study_past_one_pass_is_refused_in_one_line_and_nothing_trains(tmp_path):
-    recipe = _small_recipe(tmp_path)
+    recipe = _small_recipe(tmp_path, base__data__repeat="ask")  # the default; the mini recipe allows it
     ws = tmp_path / "ws"
     checked = run_cli("check", str(recipe), "--workspace", str(ws), cwd=tmp_path)
     assert checked.returncode == 0, checked.stderr
