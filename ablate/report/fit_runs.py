@@ -1,4 +1,4 @@
-"""`ablate fit RECIPE [--scale S]`: scaling laws fitted to the finished runs of a recipe's sweep.
+"""Scaling laws fitted to the finished runs of a recipe's sweep: reading them, their points and notes (`ablate fit`).
 
 Where the runs come from: the sweep's Optuna study (`<recipe>[-<scale>]`, one record per planned run, a
 retry replacing the attempt it retries) and each trial's MLflow run (its tags and validation curve),
@@ -50,9 +50,8 @@ from typing import Any
 from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table, si
 from ablate.data.passes import REPEAT_EFFECT
-from ablate.recipe.resolve import Recipe
+from ablate.report.folder import moved, writing
 from ablate.store import tracking
-from ablate.store.stores import Stores
 
 PARAMS_TAGS = {"non_embedding": "ablate.non_embedding_params", "total": "ablate.params"}
 PARAMS_WORDS = {"non_embedding": "non-embedding parameters", "total": "all parameters (embeddings included)"}
@@ -94,162 +93,7 @@ class FinishedRun:
         return None if self.curve_fit is None else bool(self.curve_fit.converged)
 
 
-def run_fit_recipe(
-    recipe: Recipe,
-    stores: Stores,
-    *,
-    scale: str,
-    form: str | None = None,
-    out: Path | None = None,
-    n_boot: int = 1000,
-    params_count: str = "non_embedding",
-    seed: int = 0,
-) -> list[Path]:
-    """Fit the finished runs of `recipe`'s sweep at `scale`; returns the files written (see module doc)."""
-    from ablate.fitting import fit_points
-    from ablate.report.fit import arch_summary, ratio_sentence, write_fit
-    from ablate.report.table import collect
-    from ablate.store.study import finished_sweep, report_folder, sweep_hint
-
-    if params_count not in PARAMS_TAGS:
-        raise UserError(f"--params-count: {params_count!r} is not one of {', '.join(PARAMS_TAGS)}")
-    if form is not None and form not in FORMS:
-        raise UserError(f"--form: {form!r} is not one of {', '.join(FORMS)}")
-    if n_boot < 0:
-        raise UserError(f"--bootstrap: expected a number >= 0, got {n_boot}")
-    ctx, study, client = finished_sweep(recipe, scale, stores, "fit")
-    budgeted = recipe.budgets(scale) is not None  # every budget a run of its own (ablate.train.branches)
-    records = collect(ctx, study, with_curves=True, budgets=budgeted)
-    finished = [r for r in records if r.state == "finished" and r.run_id]
-    if not finished:
-        states = ", ".join(f"{n} {s}" for s, n in _count(r.state for r in records).items()) or "no trials"
-        raise UserError(
-            f"fit: no finished runs of {recipe.name} at scale {scale} (study {ctx.study_name!r}: "
-            f"{states}); run {sweep_hint(ctx)} first"
-        )
-    order = list(recipe.variants)
-    runs = [_finished_run(client, r, params_count) for r in finished]
-    runs.sort(key=lambda r: (order.index(r.arch) if r.arch in order else len(order), r.params, r.seed))
-    archs = list(dict.fromkeys(r.arch for r in runs))
-    if len(order) >= 2 and len(archs) < 2:
-        missing = [v for v in order if v not in archs]
-        raise UserError(
-            f"fit: an equal-loss ratio needs two architectures, but only {archs[0]!r} has finished "
-            f"runs ({', '.join(missing)}: none); finish the sweep with {sweep_hint(ctx)}"
-        )
-    sizes = list(dict.fromkeys(r.size for r in runs))
-    from ablate.report.scaling import is_grid
-
-    if form == "grid" and not is_grid(runs, budgeted):
-        raise UserError(
-            f"--form grid: needs several sizes and token budgets; {recipe.name} at scale {scale} has "
-            f"{len(sizes)} size(s){'' if budgeted else ' and no budgets'}; use --form size, tokens or joint"
-        )
-    if form in (None, "grid") and is_grid(runs, budgeted):
-        reference = "transformer" if "transformer" in archs else archs[0]
-        settings = {"form": "grid", "bootstrap": n_boot, "seed": seed, "params_count": params_count}
-        return _fit_grid(ctx, study, client, runs, records, reference, out, settings)
-    form = form or ("size" if len(sizes) > 1 else "tokens")
-    if form == "tokens" and len(sizes) > 1:
-        raise UserError(
-            f"--form tokens: the runs have {len(sizes)} sizes ({', '.join(sizes)}); L(D) needs one "
-            "size; use --form size (final losses) or --form joint (every validation)"
-        )
-
-    points = _points(runs, form, budgeted)
-    reference = None
-    if len(archs) >= 2:
-        reference = "transformer" if "transformer" in archs else archs[0]
-    runs_per_arch = _count(r.arch for r in runs)
-    single = sorted(a for a, n in runs_per_arch.items() if n < 2)
-    # One run per arch: every bootstrap draw over runs is that run, so percentile "intervals" would have
-    # zero width. Give no intervals rather than false certainty.
-    report = fit_points(points, form, n_boot=0 if single else n_boot, seed=seed, reference=reference)
-
-    for run in runs:
-        _fit_curve(run)
-    left_out = [r for r in records if not (r.state == "finished" and r.run_id)]
-    report.notes = _notes(ctx, form, runs, points, left_out, params_count, budgeted)
-    if budgeted:  # a family's points are runs at their own budgets, not checkpoints inside one run
-        for fit in report.archs.values():
-            fit.notes = [n for n in fit.notes if "a checkpoint inside a run" not in n]
-    if single and n_boot:
-        report.notes.append(
-            f"No intervals: {', '.join(single)} {'has' if len(single) == 1 else 'have'} one run, "
-            "and the bootstrap resamples runs (a run's validations are not independent); "
-            "sweep more seeds (--seeds 0 1 2) for intervals."
-        )
-    report.extra = {
-        "source": {
-            "recipe": recipe.name,
-            "recipe_path": str(recipe.path),
-            "scale": scale,
-            "study": ctx.study_name,
-            "workspace": str(stores.workspace),
-            "params_count": params_count,
-            "params_tag": PARAMS_TAGS[params_count],
-            "points": len(points),
-            "runs_finished": len(runs),
-            "runs_left_out": [
-                {"variant": r.variant, "size": r.size, "seed": r.seed, "state": r.state, "reason": r.reason}
-                for r in left_out
-            ],
-        },
-        "runs": [_run_dict(r) for r in runs],
-    }
-
-    folder = Path(out) if out is not None else report_folder(ctx, None)
-    written = write_fit(report, folder)
-    fit_md = folder / "fit.md"
-    with open(fit_md, "a") as f:
-        f.write("\n" + runs_markdown(runs, params_count))
-
-    _record_in_mlflow(client, study, runs, report, written)
-    print(
-        f"[fit] {ctx.study_name}: {report.form.formula}, {len(points)} points from {len(runs)} runs "
-        f"(N = {PARAMS_WORDS[params_count]})",
-        flush=True,
-    )
-    for fit in report.archs.values():
-        print(f"[fit]   {arch_summary(fit)}", flush=True)
-    for ratio in report.ratios:
-        print(f"[fit]   {ratio_sentence(ratio)}", flush=True)
-    not_converged = [r.name for r in runs if r.converged is False]
-    if not_converged:
-        print(
-            f"[fit]   not converged ({len(not_converged)} of {len(runs)} runs): {', '.join(not_converged)}",
-            flush=True,
-        )
-    return written
-
-
-def rebuild_fit(folder: Path) -> list[Path]:
-    """`ablate fit --from FOLDER`: write a grid fit's folder again from its export alone (no store, no
-    training), with the recipe file the export names, read from this checkout, and the fit's own options."""
-    from ablate.report.write import exported_recipe
-    from ablate.store.export import SCHEME, read_meta
-
-    settings = read_meta(folder)["report"]
-    if "fit" not in settings:
-        raise UserError(
-            f"ablate fit --from: {folder}'s export was written by a sweep's report, not by `ablate fit`; "
-            f"use ablate report --from {folder}"
-        )
-    recipe = exported_recipe(settings)
-    fit = settings["fit"]
-    return run_fit_recipe(
-        recipe,
-        Stores(folder, tracking_uri=SCHEME + str(folder)),
-        scale=recipe.scale,
-        form=fit["form"],
-        out=Path(folder),
-        n_boot=fit["bootstrap"],
-        params_count=fit["params_count"],
-        seed=fit["seed"],
-    )
-
-
-def _fit_grid(
+def fit_grid(
     ctx: Any,
     study: Any,
     client: Any,
@@ -261,44 +105,28 @@ def _fit_grid(
 ) -> list[Path]:
     """`ablate fit` over a size x budget grid (ablate.report.scaling); `settings`: the fit's options
     (form, bootstrap, seed, params_count), kept in the folder's export for `ablate fit --from`."""
-    n_boot, seed, params_count = settings["bootstrap"], settings["seed"], settings["params_count"]
-    from ablate.report.budgets import train_seconds
+    params_count = settings["params_count"]
     from ablate.report.fit import ratio_sentence
-    from ablate.report.scaling import check_grid, write_grid_report
-    from ablate.report.table import precisions
-    from ablate.report.write import export_settings
-    from ablate.store.export import write_export
-    from ablate.store.study import completed_spans, report_folder
+    from ablate.report.scaling import check_grid
+    from ablate.store.study import report_folder
 
     check_grid(runs)
     fitted_ids = {run.run_id for run in runs}
     fitted = [r for r in records if r.run_id in fitted_ids]
     left_out = [r for r in records if not (r.state == "finished" and r.run_id)]
-    notes = _notes(ctx, "joint", runs, runs, left_out, params_count, budgeted=True)[:1]
+    notes = fit_notes(ctx, "joint", runs, runs, left_out, params_count, budgeted=True)[:1]
     notes.append(
         "Each point is one run's final validation loss at its own token budget (the largest budget trained "
         "from step 0 under warmup-stable-decay, each smaller budget cooled down from its branch point); "
         "intervals resample seeds, the same seeds for both arms."
     )
     folder = Path(out) if out is not None else report_folder(ctx, None)
-    written, fits, conv = write_grid_report(
-        ctx,
-        runs,
-        reference,
-        folder,
-        spans=completed_spans(study.get_trials(deepcopy=False)),
-        seconds=train_seconds(ctx, fitted),
-        n_boot=n_boot,
-        seed=seed,
-        params_word=PARAMS_WORDS[params_count],
-        notes=notes,
-        precision=precisions(fitted),
-        machines=[r.tags.get("ablate.machine", "") for r in fitted],
-        data=data_note(runs),
-    )
+    # the folder as a whole, its export too (ablate.report.folder)
+    with writing(folder, "ablate fit") as into:
+        written, fits, conv = _write_grid(ctx, study, client, runs, fitted, reference, into, settings, notes)
+    written = moved(written, into, folder)
     if ctx.stores.from_export:  # `ablate fit --from`: the files again, nothing recorded anywhere
         return written
-    write_export(client, study, {**export_settings(ctx), "fit": settings}, folder)
     for r in runs:
         c = conv[r.run_id]
         client.set_tag(
@@ -317,8 +145,37 @@ def _fit_grid(
     return written
 
 
+def _write_grid(ctx, study, client, runs, fitted, reference, into: Path, settings, notes):
+    """The grid fit's files into `into` (write_grid_report), and its export unless it was read from one."""
+    from ablate.report.budgets import train_seconds
+    from ablate.report.scaling import write_grid_report
+    from ablate.report.table import precisions
+    from ablate.report.write import export_settings
+    from ablate.store.export import write_export
+    from ablate.store.study import completed_spans
+
+    written, fits, conv = write_grid_report(
+        ctx,
+        runs,
+        reference,
+        into,
+        spans=completed_spans(study.get_trials(deepcopy=False)),
+        seconds=train_seconds(ctx, fitted),
+        n_boot=settings["bootstrap"],
+        seed=settings["seed"],
+        params_word=PARAMS_WORDS[settings["params_count"]],
+        notes=notes,
+        precision=precisions(fitted),
+        machines=[r.tags.get("ablate.machine", "") for r in fitted],
+        data=data_note(runs),
+    )
+    if not ctx.stores.from_export:
+        write_export(client, study, {**export_settings(ctx), "fit": settings}, into)
+    return written, fits, conv
+
+
 # --- reading -------------------------------------------------------------------------------------------
-def _finished_run(client: Any, record: Any, params_count: str) -> FinishedRun:
+def finished_run(client: Any, record: Any, params_count: str) -> FinishedRun:
     tag = PARAMS_TAGS[params_count]
     name = record.tags.get("mlflow.runName") or f"{record.variant}-{record.size}-s{record.seed}"
     try:
@@ -365,7 +222,7 @@ def data_note(runs: list[FinishedRun]) -> str:
     return f"Data: {text}." + (f" {REPEAT_EFFECT}" if repeated else "") if text else ""
 
 
-def _count(items) -> dict[str, int]:
+def count_by(items) -> dict[str, int]:
     out: dict[str, int] = {}
     for item in items:
         out[item] = out.get(item, 0) + 1
@@ -373,7 +230,7 @@ def _count(items) -> dict[str, int]:
 
 
 # --- points and per-run curves -----------------------------------------------------------------------------
-def _points(runs: list[FinishedRun], form: str, budgeted: bool = False) -> list:
+def points_of(runs: list[FinishedRun], form: str, budgeted: bool = False) -> list:
     from ablate.fitting import Point
 
     if budgeted and form == "tokens":  # one point per budget's run; a seed's budgets resample together
@@ -384,7 +241,7 @@ def _points(runs: list[FinishedRun], form: str, budgeted: bool = False) -> list:
     return [Point(r.arch, r.params, t, v, r.run_id) for r in runs for t, v in r.curve if t > r.warmup_tokens]
 
 
-def _fit_curve(run: FinishedRun) -> None:
+def fit_curve(run: FinishedRun) -> None:
     from ablate.fitting import fit_loss_curve
 
     try:
@@ -395,7 +252,7 @@ def _fit_curve(run: FinishedRun) -> None:
         run.curve_error = str(e)
 
 
-def _notes(
+def fit_notes(
     ctx: Any,
     form: str,
     runs: list[FinishedRun],
@@ -443,7 +300,7 @@ def _notes(
     return notes
 
 
-def _run_dict(r: FinishedRun) -> dict[str, Any]:
+def run_dict(r: FinishedRun) -> dict[str, Any]:
     c = r.curve_fit
     return {
         "run_id": r.run_id,
@@ -507,7 +364,7 @@ def runs_markdown(runs: list[FinishedRun], params_count: str) -> str:
 
 
 # --- MLflow -----------------------------------------------------------------------------------------------
-def _record_in_mlflow(
+def record_in_mlflow(
     client: Any, study: Any, runs: list[FinishedRun], report: Any, written: list[Path]
 ) -> None:
     for r in runs:

@@ -401,9 +401,9 @@ def write_grid_report(
     from ablate.report.write import hand_written
 
     readme = folder / "README.md"  # what a person wrote below the generated part is kept (hand_written)
-    kept = hand_written(readme.read_text()) if readme.exists() else ""
-    readme.write_text(
-        grid_readme(ctx, fits, where, rows, params_word, precision, machine_line(machines or [""]), data)
-        + (f"\n{kept}" if kept else "")
+    generated = grid_readme(
+        ctx, fits, where, rows, params_word, precision, machine_line(machines or [""]), data
     )
+    kept = hand_written(readme.read_text(), generated) if readme.exists() else ""
+    readme.write_text(generated + (f"\n{kept}" if kept else ""))
     return [readme, *written], fits, conv

@@ -16,6 +16,7 @@ from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table
 from ablate.report import tasks as task_report
 from ablate.report.checks import passes_columns
+from ablate.report.folder import writing
 from ablate.report.table import (
     add_convergence_columns,
     best_per_variant,
@@ -38,6 +39,18 @@ from ablate.store.export import METRICS_FILE, RUNS_FILE, write_export
 
 
 def write_report(ctx: Any, study: Any, folder: Path) -> Path:
+    """Write the report folder as a whole (ablate.report.folder: a reader sees the old one or the new one),
+    then attach it to the study's MLflow run."""
+    with writing(folder, "ablate report") as into:
+        shown = _write_files(ctx, study, into)
+    if not ctx.stores.from_export:
+        _attach(ctx, study, folder)
+    print(f"[report] {folder / 'table.md'}\n\n" + shown, flush=True)
+    return folder
+
+
+def _write_files(ctx: Any, study: Any, folder: Path) -> str:
+    """Every file of the report into `folder`; returns what the verb prints below the table's path."""
     records = collect(ctx, study)
     all_records = records
     chosen: list[str] = []
@@ -121,19 +134,14 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
         + "`ablate report --from` rebuilds this folder from them)\n"
     )
     readme = folder / "README.md"  # written last: its header lists every file the report wrote
-    kept = hand_written(readme.read_text()) if readme.exists() else ""
+    kept = hand_written(readme.read_text(), header) if readme.exists() else ""
     readme.write_text(header + (f"\n{kept}" if kept else ""))
-    if not from_export:
-        _attach(ctx, study, folder)
-    print(
-        f"[report] {folder / 'table.md'}\n\n"
-        + "\n".join(honesty.header)
+    return (
+        "\n".join(honesty.header)
         + f"\n\n{table}\n"
         + "".join(f"\n{n}" for n in honesty.notes)
-        + (f"\n\n{honesty.sensitivity}" if honesty.sensitivity else ""),
-        flush=True,
+        + (f"\n\n{honesty.sensitivity}" if honesty.sensitivity else "")
     )
-    return folder
 
 
 def rebuild_report(folder: Path) -> Path:
@@ -183,11 +191,13 @@ def export_settings(ctx: Any) -> dict[str, Any]:
     }
 
 
-def hand_written(readme: str) -> str:
-    """What a person wrote below the generated header (from its second top-level heading on): kept when the
-    report is written again, so `ablate report` never erases the interpretation of a committed report."""
-    at = readme.find("\n# ", 1)
-    return readme[at + 1 :] if at >= 0 else ""
+def hand_written(readme: str, generated: str) -> str:
+    """What a person wrote below the generated part (ablate.report.folder.hand_written: from the first
+    heading of any level the generator does not write): kept when the report is written again, so
+    `ablate report` never erases the interpretation of a committed report."""
+    from ablate.report.folder import hand_written as kept
+
+    return kept(readme, generated)
 
 
 def study_command(study: Any) -> str:

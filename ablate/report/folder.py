@@ -1,0 +1,160 @@
+"""A report folder written as a whole: a reader (or a kill, or a full disk) sees the old folder or the new
+one, never a mix.
+
+`writing(folder)` copies the folder as it is into a hidden sibling, hands the sibling to the writer, and
+when the writer is done exchanges the two folders in one `renameat2(RENAME_EXCHANGE)` call (Linux), then
+removes the old one. Why a copy and not an empty sibling: a folder holds files a report does not write
+(its export when rebuilt `--from` it, a prediction, a person's notes), and those must survive. Where the
+kernel or the file system has no exchange, two renames are used and the old folder is kept beside until the
+new one is in place, so the next writer puts it back if the process died between them.
+
+A link inside a report folder is refused: git keeps links, and writing through one would write outside
+the folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from ablate.core.errors import UserError
+
+WRITING = ".writing-"  # `.NAME.writing-PID`: the new folder while it is written
+OLD = ".old-"  # `.NAME.old-PID`: the old folder between two renames (no exchange available)
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+
+
+def refuse_links(folder: Path, flag: str = "report folder") -> None:
+    """One line when `folder`, or anything inside it, is a symbolic link."""
+    folder = Path(folder)
+    if folder.is_symlink():
+        raise UserError(
+            f"{flag}: {folder} is a link; a report folder is written only inside itself: give a real folder"
+        )
+    if not folder.is_dir():
+        return
+    for path in sorted(folder.rglob("*")):
+        if path.is_symlink():
+            raise UserError(
+                f"{flag}: {path} is a link (to {os.readlink(path)}); a report is written only inside its "
+                "folder: replace the link by the file or remove it"
+            )
+
+
+@contextlib.contextmanager
+def writing(folder: Path, flag: str = "report folder") -> Iterator[Path]:
+    """Yield a sibling of `folder` holding a copy of it; swap it in as `folder` when the block ends without
+    an exception, else remove it (the old folder stays as it was)."""
+    folder = Path(folder).absolute()
+    refuse_links(folder, flag)
+    recover(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    new = folder.parent / f".{folder.name}{WRITING}{os.getpid()}"
+    shutil.rmtree(new, ignore_errors=True)
+    try:
+        if folder.is_dir():
+            shutil.copytree(folder, new, symlinks=True)
+        else:
+            new.mkdir()
+        yield new
+        _swap(new, folder)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise UserError(
+                f"{flag}: the disk holding {folder.parent} is full ({e.strerror}); {folder} is left as it "
+                "was: free some space and write the report again"
+            ) from None
+        raise
+    finally:
+        shutil.rmtree(new, ignore_errors=True)
+
+
+def recover(folder: Path) -> None:
+    """Undo what a killed writer left beside `folder`: an old folder between two renames comes back when
+    `folder` is missing; a sibling being written by a process that is gone is removed."""
+    for sibling in sorted(folder.parent.glob(f".{folder.name}.*")) if folder.parent.is_dir() else []:
+        kind, _, pid = sibling.name[len(folder.name) + 1 :].rpartition("-")
+        if f"{kind}-" not in (WRITING, OLD) or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if f"{kind}-" == OLD and not folder.exists():
+            os.rename(sibling, folder)
+        else:
+            shutil.rmtree(sibling, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _swap(new: Path, folder: Path) -> None:
+    """`new` becomes `folder` in one step; the old folder ends at `new`'s name (then removed)."""
+    if not folder.exists():
+        os.rename(new, folder)
+        return
+    if _exchange(new, folder):
+        return
+    old = folder.parent / f".{folder.name}{OLD}{os.getpid()}"
+    os.rename(folder, old)
+    os.rename(new, folder)
+    os.rename(old, new)  # removed by the caller's cleanup
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """renameat2(RENAME_EXCHANGE); False where the system has none (then the caller renames twice)."""
+    libc_name = ctypes.util.find_library("c")
+    if not libc_name:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def moved(paths: list[Path], new: Path, folder: Path) -> list[Path]:
+    """Paths written under `new` as they are named once it is `folder`."""
+    new = Path(new).absolute()
+    out = []
+    for path in paths:
+        inside = Path(path).absolute().is_relative_to(new)
+        out.append(Path(folder) / Path(path).absolute().relative_to(new) if inside else Path(path))
+    return out
+
+
+def hand_written(old: str, generated: str) -> str:
+    """What a person wrote below the generated part of a README, kept when the report is written again.
+
+    The rule: a person's text starts at the first heading (`#`, `##`, ... any level), after the title line,
+    that the generator does not write itself (`generated`: the new generated part, whose headings are the
+    generator's). So notes under `## My reading` are kept as surely as under `# What the table shows`."""
+    ours = {line.rstrip() for line in generated.splitlines()[1:] if _heading(line)}
+    lines = old.splitlines(keepends=True)
+    for i, line in enumerate(lines[1:], start=1):
+        if _heading(line) and line.rstrip() not in ours:
+            return "".join(lines[i:])
+    return ""
+
+
+def _heading(line: str) -> bool:
+    hashes = len(line) - len(line.lstrip("#"))
+    return 1 <= hashes <= 6 and line[hashes : hashes + 1] == " "
