@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ablate.core.errors import UserError
 from ablate.store import comparison, tracking
+from ablate.store.commands import has_password, redact
 from ablate.store.stores import Stores
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # binds to every interface
@@ -41,8 +42,7 @@ def server_command(
         "-m",
         "mlflow",
         "server",
-        "--backend-store-uri",
-        backend_store_uri,
+        *store_argument(backend_store_uri),
         "--serve-artifacts",
         "--artifacts-destination",
         artifacts.absolute().as_uri(),  # a relative --artifacts is taken from the current folder
@@ -56,6 +56,23 @@ def server_command(
     if allowed_hosts:
         cmd += ["--allowed-hosts", allowed_hosts]
     return cmd
+
+
+def store_argument(uri: str) -> list[str]:
+    """`--backend-store-uri URI` for the `mlflow` child's argument list, or nothing where the URI holds a
+    password: anyone on the machine reads a command line (`ps`), so that one goes through the child's
+    environment instead (`store_env`)."""
+    return [] if has_password(uri) else ["--backend-store-uri", uri]
+
+
+def store_env(uri: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The `mlflow` child's environment: `env` (default this process's), with the backend store URI in
+    MLFLOW_BACKEND_STORE_URI (the variable `mlflow server` reads for --backend-store-uri) where it holds a
+    password."""
+    env = dict(os.environ if env is None else env)
+    if has_password(uri):
+        env["MLFLOW_BACKEND_STORE_URI"] = uri
+    return env
 
 
 def backend_store(uri: str | None, workspace: Path) -> str:
@@ -127,7 +144,8 @@ def serve(
             flush=True,
         )
 
-    return run_until_stopped(server_command(store, artifacts, host, port, workers, allowed_hosts), url, ready)
+    cmd = server_command(store, artifacts, host, port, workers, allowed_hosts)
+    return run_until_stopped(cmd, url, ready, env=store_env(store))
 
 
 def ui_command(backend_store_uri: str, artifacts_uri: str, host: str, port: int) -> list[str]:
@@ -137,8 +155,7 @@ def ui_command(backend_store_uri: str, artifacts_uri: str, host: str, port: int)
         "-m",
         "mlflow",
         "ui",
-        "--backend-store-uri",
-        backend_store_uri,
+        *store_argument(backend_store_uri),
         "--default-artifact-root",
         artifacts_uri,
         "--host",
@@ -186,7 +203,7 @@ def serve_ui(stores: Stores, host: str = "127.0.0.1", port: int = 5000) -> int:
             names = ", ".join(e.name for e in others)
             print(f"  {newest.name}; the UI's Experiments page lists the others: {names}", flush=True)
 
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env = {**store_env(uri), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     # A browser's UI over a local store: nothing in flight is worth waiting for (`ablate server`, whose
     # workers may be uploading, gives uvicorn longer), so Ctrl-C frees the port within a few seconds.
     return run_until_stopped(ui_command(uri, artifacts, host, port), url, ready, env=env, grace=0.5)
@@ -261,9 +278,5 @@ def _group_alive(proc: subprocess.Popen) -> bool:
 
 
 def _redact(url: str) -> str:
-    """The URL without a password."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest.split("/", 1)[0]:
-        user = rest.split("@", 1)[0].split(":", 1)[0]
-        return f"{scheme}{sep}{user}:***@{rest.split('@', 1)[1]}"
-    return url
+    """The URL without a password (ablate.store.commands.redact)."""
+    return redact(url)

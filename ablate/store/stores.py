@@ -106,3 +106,42 @@ def sweep_runs_url(
         return None
     comparison.save_view(client, experiment.experiment_id)
     return comparison.view_url(ui_url, experiment.experiment_id)
+
+
+# A store URL with a password reaches a child process (a local worker) through these variables, never its
+# argument list, which anyone on the machine reads (`ps`): `child_env` sets them, `passed_down` reads them.
+STORAGE_ENV = "ABLATE_STORAGE"
+TRACKING_ENV = "ABLATE_TRACKING_URI"
+
+
+def child_env(stores: Stores, env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """(`--storage`/`--tracking-uri` flags for a child's argument list, the child's environment): a URL
+    with a password goes into the environment (STORAGE_ENV, TRACKING_ENV) and not into the flags."""
+    import os
+
+    from ablate.store.commands import has_password
+
+    env = dict(os.environ if env is None else env)
+    flags: list[str] = []
+    for flag, name, value in (
+        ("--storage", STORAGE_ENV, stores.optuna_url()),
+        ("--tracking-uri", TRACKING_ENV, stores.tracking_uri),
+    ):
+        env.pop(name, None)
+        if not value:
+            continue
+        if has_password(value):
+            env[name] = value
+        else:
+            flags += [flag, value]
+    return flags, env
+
+
+def passed_down(tracking_uri: str | None, storage: str | None) -> tuple[str | None, str | None]:
+    """The verb's `--tracking-uri` and `--storage`, each taken from the environment (child_env) when the
+    command line gave none."""
+    import os
+
+    return tracking_uri or os.environ.get(TRACKING_ENV) or None, storage or os.environ.get(
+        STORAGE_ENV
+    ) or None

@@ -104,7 +104,9 @@ def command_line() -> str:
     """This process's `ablate ...` command, as the user typed it (for reports' provenance)."""
     import sys
 
-    return "ablate " + " ".join(sys.argv[1:]) if sys.argv and "ablate" in sys.argv[0] else "ablate sweep"
+    from ablate.store.commands import command_text
+
+    return command_text(sys.argv[1:]) if sys.argv and "ablate" in sys.argv[0] else "ablate sweep"
 
 
 def open_study(ctx: SweepContext, create: bool = True):
