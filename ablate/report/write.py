@@ -182,13 +182,22 @@ def exported_recipe(settings: dict[str, Any]) -> Any:
 def export_settings(ctx: Any) -> dict[str, Any]:
     """What `ablate report --from` needs besides the runs to write this report again (ablate.store.export)."""
     return {
-        "recipe": str(ctx.recipe.path),
+        "recipe": _inside_checkout(ctx.recipe.path),
         "scale": ctx.scale,
         "seeds": list(ctx.seeds),
-        "search": ctx.search_path,
+        "search": ctx.search_path and _inside_checkout(ctx.search_path),
         "grace_period": ctx.grace_period,
         "overrides": [[f"base.{key}", value] for key, value in ctx.recipe.base_overrides],
     }
+
+
+def _inside_checkout(path: Any) -> str:
+    """A recipe's (search spec's) path as an export keeps it: relative to the current folder when inside it
+    (`ablate report --from` takes no other: ablate.store.export.check_settings)."""
+    path = Path(path)
+    if path.is_absolute() and path.resolve().is_relative_to(Path.cwd().resolve()):
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    return str(path)
 
 
 def hand_written(readme: str, generated: str) -> str:

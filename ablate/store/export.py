@@ -146,10 +146,84 @@ def read_meta(folder: Path) -> dict[str, Any]:
             f"--from: {folder} has no export ({' and '.join(FILES)}); `ablate report` or `ablate sweep` "
             "writes one beside the report"
         )
-    meta = pq.read_schema(folder / RUNS_FILE).metadata or {}
+    meta = _parquet(folder / RUNS_FILE, pq.read_schema).metadata or {}
     if META_KEY not in meta:
         raise UserError(f"--from: {folder / RUNS_FILE} holds no study (not written by ablate)")
-    return json.loads(meta[META_KEY])
+    try:
+        meta = json.loads(meta[META_KEY])
+    except ValueError as e:
+        raise UserError(f"--from: {folder / RUNS_FILE}: its study is not JSON ({e}); {RESTORE}") from None
+    check_settings(meta.get("report"), folder / RUNS_FILE)
+    return meta
+
+
+RESTORE = "restore the folder from git (git checkout -- FOLDER) or write the report again from its store"
+
+
+def _parquet(path: Path, read: Any) -> Any:
+    """`read(path)`, a damaged file (truncated, not parquet) one line naming it."""
+    import pyarrow as pa
+
+    try:
+        return read(path)
+    except (pa.ArrowException, OSError) as e:
+        raise UserError(f"--from: {path} cannot be read ({str(e).splitlines()[0]}); {RESTORE}") from None
+
+
+def check_settings(settings: Any, where: Path) -> None:
+    """An export is data, never code: `--from` takes from it only the recipe path (relative, inside this
+    checkout) and the search spec's, the scale, the seeds, and `base.*` overrides of plain values (a
+    string, number, bool or null, or a list of them), nothing that imports (`class_path`, `imports`) or
+    sets a key outside `base`. Anything else is one line: a crafted export must not run code here."""
+
+    def bad(key: str, what: str) -> UserError:
+        return UserError(f"--from: {where}: report.{key} {what}; an export holds data, not code: {RESTORE}")
+
+    if not isinstance(settings, dict):
+        raise bad("", "is missing")
+    for key in ("recipe", "search"):
+        value = settings.get(key)
+        if value is None and key == "search":
+            continue
+        if not isinstance(value, str) or not value or Path(value).is_absolute() or ".." in Path(value).parts:
+            raise bad(key, f"is {value!r}, not a relative path inside this checkout (no '..')")
+    if not isinstance(settings.get("scale"), str | None):
+        raise bad("scale", f"is {settings.get('scale')!r}, not a name")
+    seeds = settings.get("seeds", [])
+    if not isinstance(seeds, list) or not all(type(s) is int for s in seeds):
+        raise bad("seeds", f"is {seeds!r}, not a list of integers")
+    if not _plain(settings.get("grace_period")) or isinstance(settings.get("grace_period"), list):
+        raise bad("grace_period", f"is {settings.get('grace_period')!r}, not a number")
+    fit = settings.get("fit", {})
+    if not isinstance(fit, dict) or not all(_plain(v) and not isinstance(v, list) for v in fit.values()):
+        raise bad("fit", f"is {fit!r}, not a mapping of plain values")
+    overrides = settings.get("overrides", [])
+    if not isinstance(overrides, list):
+        raise bad("overrides", f"is {overrides!r}, not a list")
+    for item in overrides:
+        if not (isinstance(item, list | tuple) and len(item) == 2 and isinstance(item[0], str)):
+            raise bad("overrides", f"holds {item!r}, not a [key, value] pair")
+        key, value = item
+        parts = key.split(".")
+        if parts[0] != "base" or len(parts) < 2 or not all(p.isidentifier() for p in parts[1:]):
+            raise bad("overrides", f"sets {key!r}; only base.* keys may be set from an export")
+        if set(parts) & CODE_KEYS:
+            raise bad("overrides", f"sets {key!r}, which imports code")
+        if not _plain(value):
+            raise bad(
+                "overrides",
+                f"sets {key!r} to {value!r}; only strings, numbers, booleans, null or lists of them",
+            )
+
+
+CODE_KEYS = {"class_path", "init_args", "imports"}
+
+
+def _plain(value: Any) -> bool:
+    """A string, number, bool or None, or a list of them."""
+    if isinstance(value, list):
+        return all(_plain(v) and not isinstance(v, list) for v in value)
+    return value is None or isinstance(value, str | int | float | bool)
 
 
 def exported_study(folder: Path) -> Any:
@@ -198,10 +272,10 @@ class ExportedRuns:
 
         read_meta(folder)  # one line if there is no export
         self.tracking_uri = SCHEME + str(folder)
-        runs = pq.read_table(Path(folder) / RUNS_FILE).to_pylist()
+        runs = _parquet(Path(folder) / RUNS_FILE, pq.read_table).to_pylist()
         self._runs = {r["run_id"]: r for r in runs}
         self._series: dict[tuple[str, str], list[tuple[int, float]]] = {}
-        columns = pq.read_table(Path(folder) / METRICS_FILE).to_pydict()
+        columns = _parquet(Path(folder) / METRICS_FILE, pq.read_table).to_pydict()
         for run_id, key, step, value in zip(
             columns["run_id"], columns["key"], columns["step"], columns["value"], strict=True
         ):
