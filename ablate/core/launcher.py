@@ -8,10 +8,13 @@ command line overrides any of them like any recipe key (`--launcher.slurm.partit
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Literal
 
 from jsonargparse.typing import NonNegativeInt, PositiveInt
+
+from ablate.core.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,28 @@ class SlurmOptions:
     array_parallelism: PositiveInt | None = None
     signal_delay_s: PositiveInt = 120
     sbatch_lines: list[str] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for key in ("partition", "account", "qos"):
+            one_line(f"launcher.slurm.{key}", getattr(self, key))
+        for i, line in enumerate(self.sbatch_lines):
+            one_line(f"launcher.slurm.sbatch_lines[{i}]", line)
+            name = str(line).partition("=")[0].strip()
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):
+                raise UserError(
+                    f"launcher.slurm.sbatch_lines[{i}]: {line!r} does not start with an sbatch option's name "
+                    "(letters, digits, - and _); write it as key=value, e.g. constraint=a100"
+                )
+
+
+def one_line(key: str, value: str | None) -> None:
+    """One line naming `key` when `value` holds a newline or another control character: each Slurm option
+    becomes a line of the batch script, and a newline would end it and start a shell line of its own."""
+    if value is not None and any(ord(c) < 32 or ord(c) == 127 for c in str(value)):
+        raise UserError(
+            f"{key}: {value!r} holds a newline or another control character; an sbatch option is one line "
+            "of printable characters"
+        )
 
 
 @dataclass(frozen=True)
