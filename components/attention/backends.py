@@ -18,6 +18,11 @@
   cuDNN) by `torch.nn.attention.sdpa_kernel`, so the kernel that runs is the one recorded, never a silent
   fall-back to the math kernel; differential attention runs split V (two calls of head width d). On CPU
   only `sdpa_flash` has a kernel (PyTorch's fused CPU kernel); the others are for CUDA.
+- `triton`: `components.attention.triton_kernels`, our own Triton kernel (`pip install 'ablate[triton]'`):
+  differential attention's two maps in one FlashAttention-style pass over K and V per direction, (A1 -
+  λ A2) V written once; softmax attention is the same kernel with one map. CUDA compiled, CPU through
+  Triton's interpreter (exact, slow: for tests). Opt-in: `auto` never chooses it (no device report yet
+  shows it fastest).
 - `auto`: `flash_attn` for fp16/bf16 CUDA tensors when flash-attn imports; on CUDA otherwise `sdpa_flash`
   for fp16/bf16 widths up to 256 that are multiples of 8, `sdpa_efficient` for other widths that are
   multiples of 8 (4 in float32; float32 has no flash kernel), else `sdpa`; on CPU `sdpa`, except for
@@ -44,7 +49,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ablate.core.errors import UserError
 from ablate.core.registry import closest
-from components.attention import blockwise, combined
+from components.attention import blockwise, combined, triton_op
 
 BACKENDS = (
     "auto",
@@ -58,6 +63,7 @@ BACKENDS = (
     "sdpa_flash",
     "sdpa_efficient",
     "sdpa_cudnn",
+    "triton",
 )
 # The fused SDPA kernel each restricted backend is held to (torch.nn.attention.SDPBackend names).
 SDPA_KERNELS = {
@@ -101,6 +107,8 @@ def check_backend(name: str, *, key: str = "backend") -> str:
         )
     if name == "flash_attn":
         flash_attn_func()
+    if name == "triton":
+        triton_op.require()
     return name
 
 
@@ -209,6 +217,8 @@ def attend(
         qg = q.unflatten(1, (groups, -1)).unsqueeze(1)  # (B,1,G,R,N,d)
         fused = _sdpa_grouped if name == "blockwise" and _on_sdpa(q) else None
         return blockwise.attention(qg, k.unsqueeze(1), v, fused_forward=fused).flatten(1, 2)
+    if name == "triton":
+        return triton_op.attention(q, k, v)
     return _fused(name)(q, k, v)
 
 
@@ -272,6 +282,8 @@ def diff_attend_maps(
         return _diff_padded(q, k, v, lam)
     if name == "combined":
         return combined.attention(q.unflatten(2, (k.shape[2], -1)), k, v, lam).flatten(1, 2)
+    if name == "triton":  # one pass over K and V for both maps, (A1 - λ A2) V written once
+        return triton_op.diff_attention(q, k, v, lam)
     # FlashDiffAttn_2 (Appendix A): the fused kernels need V as wide as Q/K (a wide V silently drops
     # SDPA to its math kernel), so V is split into halves. Stacking Q1|Q2 and K1|K2 as heads keeps the
     # pairing (stacked query head j reads stacked kv head j // (h / h_kv)) and gives one call per half.

@@ -1,0 +1,196 @@
+"""The `triton` backend: `components.attention.triton_kernels` as torch custom ops.
+
+Registered through `torch.library.custom_op` with fake (meta) implementations and `register_autograd`,
+so torch.compile traces the forward and the backward as one opaque node each instead of breaking the
+graph, and Lightning's loop sees an ordinary differentiable call. Triton is an optional dependency
+(`pip install 'ablate[triton]'`): it is imported on the first call, and a missing package is one line.
+CPU tensors run through Triton's interpreter (slow, exact: how the kernels are tested without a GPU),
+CUDA tensors through the compiled kernels.
+
+Ops (q (B, M, h, N, d) with M = 2 maps for differential attention or 1 for softmax attention,
+k (B, M, h_kv, N, d), v (B, h_kv, N, e), lam a float32 0-dim tensor):
+- `ablate::triton_attention(q, k, v, lam, block_m, block_n) -> (out, o2, lse)`: out (B, h, N, e) laid out
+  (B, N, h, e), O2 = A2 V alike (M = 2; empty for M = 1), lse (B, M, h, N) float32.
+- `ablate::triton_attention_backward(dout, q, k, v, lam, out, o2, lse, block_m, block_n)
+  -> (dq, dk, dv, dlam)`: δ2 = rowsum(dO · O2), δ1 = rowsum(dO · O) + λ δ2 and dλ = -Σ δ2 here in
+  PyTorch (three small reductions), the rest in the two backward kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+
+import torch
+
+from ablate.core.errors import UserError
+
+TRITON_MISSING = "attention_backend: triton needs the triton package (pip install 'ablate[triton]')"
+MAX_WIDTH = 256  # V's width (2d for differential attention): two float32 accumulators that wide per block
+BLOCK = 64  # query and key rows per tile (tests pass smaller ones to cross tiles at small sizes)
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the triton package is installed (found, not imported: importing it costs a second)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def require() -> None:
+    if not available():
+        raise UserError(TRITON_MISSING)
+
+
+def diff_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor, *, block: int | None = None
+) -> torch.Tensor:
+    """Eq. 1, causal: q (B,2,h,N,d) = [Q1, Q2], k (B,2,h_kv,N,d) = [K1, K2], v (B,h_kv,N,2d), lam 0-dim
+    -> (B,h,N,2d), laid out (B,N,h,2d)."""
+    return _call(q, k, v, lam.float().reshape(()), block)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block: int | None = None) -> torch.Tensor:
+    """Causal softmax attention by the same kernel with one map: q (B,H,N,d), k and v (B,H_kv,N,d)."""
+    lam = torch.zeros((), dtype=torch.float32, device=q.device)
+    return _call(q.unsqueeze(1), k.unsqueeze(1), v, lam, block)
+
+
+def _call(q, k, v, lam, block):
+    require()
+    if v.shape[-1] > MAX_WIDTH:
+        raise UserError(
+            f"attention_backend: triton takes V up to {MAX_WIDTH} wide (sub-heads up to "
+            f"{MAX_WIDTH // 2} for diff), got {v.shape[-1]}; allowed there: auto, sdpa, math"
+        )
+    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise UserError(f"attention_backend: triton takes float32, bfloat16 or float16, not {q.dtype}")
+    if q.device.type not in ("cpu", "cuda"):
+        raise UserError(f"attention_backend: triton runs on cuda (cpu: interpreted), not {q.device.type}")
+    with torch.autocast(q.device.type, enabled=False):  # dtypes are chosen here, not by autocast
+        k, v = k.to(q.dtype), v.to(q.dtype)
+        return torch.ops.ablate.triton_attention(q, k, v, lam, block or BLOCK, block or BLOCK)[0]
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())  # tl.dot multiplies blocks at least 16 wide
+
+
+def _launch_options(q: torch.Tensor, width: int, v_width: int, block_m: int, block_n: int) -> dict:
+    import triton.language as tl
+
+    interpret = q.device.type == "cpu"
+    dtype = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[q.dtype]
+    options = {
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "BLOCK_D": _pow2(width),
+        "BLOCK_E": _pow2(v_width),
+        "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
+        "DOT": tl.float32 if interpret and dtype == tl.bfloat16 else dtype,  # triton_kernels: `DOT`
+    }
+    if not interpret:  # the interpreter takes no launch options
+        options["num_warps"] = 4 if _pow2(v_width) <= 64 else 8
+        options["num_stages"] = 2
+    return options
+
+
+def _kernels(device: torch.device):
+    require()
+    from components.attention import triton_kernels
+
+    return triton_kernels.kernels(device.type == "cpu")
+
+
+def _outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch, maps, heads, n, _ = q.shape
+    e = v.shape[-1]
+    out = q.new_empty(batch, n, heads, e).transpose(1, 2)  # merging heads for out_proj is a view
+    o2 = q.new_empty(batch, n, heads, e).transpose(1, 2) if maps == 2 else q.new_empty(0)
+    lse = torch.empty(batch, maps, heads, n, dtype=torch.float32, device=q.device)
+    return out, o2, lse
+
+
+@torch.library.custom_op("ablate::triton_attention", mutates_args=())
+def _forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor, block_m: int, block_n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch, maps, heads, n, width = q.shape
+    kv_heads, v_width = k.shape[2], v.shape[-1]
+    out, o2, lse = _outputs(q, v)
+    fwd, _, _ = _kernels(q.device)
+    grid = (math.ceil(n / block_m), batch * heads)
+    fwd[grid](
+        q, k, v, out, o2 if maps == 2 else out, lse, lam,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        heads, heads // kv_heads, n, width, v_width, 1 / math.sqrt(width),
+        MAPS=maps, **_launch_options(q, width, v_width, block_m, block_n),
+    )  # fmt: skip
+    return out, o2, lse
+
+
+@_forward.register_fake
+def _forward_fake(q, k, v, lam, block_m, block_n):
+    return _outputs(q, v)
+
+
+@torch.library.custom_op("ablate::triton_attention_backward", mutates_args=())
+def _backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    out: torch.Tensor,
+    o2: torch.Tensor,
+    lse: torch.Tensor,
+    block_m: int,
+    block_n: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch, maps, heads, n, width = q.shape
+    kv_heads, v_width = k.shape[2], v.shape[-1]
+    dout = dout.to(q.dtype)
+    delta = (dout.float() * out.float()).sum(-1)  # rowsum(dO · O), (B, h, N)
+    if maps == 2:
+        delta2 = (dout.float() * o2.float()).sum(-1)
+        delta = torch.stack([delta + lam * delta2, delta2], dim=1).contiguous()
+        dlam = -delta2.sum()
+    else:
+        delta, dlam = delta.unsqueeze(1).contiguous(), torch.zeros_like(lam)
+    dq, dk, dv = (torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (q, k, v))
+    _, bwd_kv, bwd_q = _kernels(q.device)
+    inputs = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
+    sizes = (n, width, v_width, 1 / math.sqrt(width))
+    options = {"MAPS": maps, **_launch_options(q, width, v_width, block_m, block_n)}
+    bwd_kv[(math.ceil(n / block_n), batch * kv_heads)](
+        q, k, v, dout, lse, delta, lam, dk, dv, *inputs, *dk.stride(), *dv.stride(),
+        heads, kv_heads, heads // kv_heads, *sizes, **options,
+    )  # fmt: skip
+    bwd_q[(math.ceil(n / block_m), batch * heads)](
+        q, k, v, dout, lse, delta, lam, dq, *inputs, *dq.stride(), heads, heads // kv_heads, *sizes, **options
+    )
+    return dq, dk, dv, dlam.reshape(lam.shape)
+
+
+@_backward.register_fake
+def _backward_fake(dout, q, k, v, lam, out, o2, lse, block_m, block_n):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), torch.empty_like(lam)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, lam, block_m, block_n = inputs
+    out, o2, lse = output
+    ctx.save_for_backward(q, k, v, lam, out, o2, lse)
+    ctx.blocks = (block_m, block_n)
+    ctx.mark_non_differentiable(o2, lse)
+
+
+def _grad(ctx, dout, do2, dlse):
+    q, k, v, lam, out, o2, lse = ctx.saved_tensors
+    dq, dk, dv, dlam = torch.ops.ablate.triton_attention_backward(
+        dout, q, k, v, lam, out, o2, lse, *ctx.blocks
+    )
+    return dq, dk, dv, dlam, None, None
+
+
+_forward.register_autograd(_grad, setup_context=_setup_context)

@@ -1,0 +1,255 @@
+"""The `triton` backend's kernels (components/attention/triton_kernels.py) on CPU tensors, run by Triton's
+interpreter, against float64 formulas written here: outputs, both maps' log-sum-exp and every gradient,
+causal, grouped-query, sequences that end inside a tile, widths 16-128 (and one that is not a power of
+two), float32 / float16 / bfloat16 each with its tolerance; the custom op under torch.compile; the line a
+missing triton gives.
+
+The kernels choose the interpreter per launch for CPU tensors (no TRITON_INTERPRET needed, which would
+have to be set before anything imports triton: Lightning does), so these tests run the kernels as
+`ablate train` on a CPU does. Tiles of 16 rows (`BLOCK`) make every size here cross several tiles.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ablate.core.errors import UserError
+from ablate.core.registry import build
+from ablate.model.decoder import build_model
+from components.attention import backends, triton_op
+
+pytest.importorskip("triton")
+
+BLOCK = 16
+# Relative error (Frobenius) allowed against float64 on the same rounded inputs: float32 accumulates
+# in float32 throughout; float16 and bfloat16 round the maps (and dS) to the input type before the
+# products with V, Q and K, as FlashAttention does: 2^-11 and 2^-8 relative steps.
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2.5e-2}
+
+
+def causal_softmax64(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) with keys after the query masked; q (..., N, d), k (..., N, d), float64."""
+    n, d = q.shape[-2:]
+    scores = torch.einsum("...id,...jd->...ij", q, k) / math.sqrt(d)
+    later = torch.arange(n)[None, :] > torch.arange(n)[:, None]
+    return scores.masked_fill(later, float("-inf")).softmax(-1)
+
+
+def diff64(q1, q2, k1, k2, v, lam):
+    """Eq. 1 in float64, head by head: head i reads kv group i // (h / h_kv) for K1, K2 and V."""
+    heads, groups = q1.shape[1], k1.shape[1]
+    outs = []
+    for i in range(heads):
+        g = i // (heads // groups)
+        a1 = causal_softmax64(q1[:, i].double(), k1[:, g].double())
+        a2 = causal_softmax64(q2[:, i].double(), k2[:, g].double())
+        outs.append((a1 - lam.double() * a2) @ v[:, g].double())
+    return torch.stack(outs, dim=1)
+
+
+def lse64(q, k):
+    """Each query's log Σ_j≤i exp(q·k_j / sqrt(d)) in float64, (B, h, N); k (B, h_kv, N, d)."""
+    heads, groups = q.shape[1], k.shape[1]
+    n, d = q.shape[-2:]
+    later = torch.arange(n)[None, :] > torch.arange(n)[:, None]
+    out = []
+    for i in range(heads):
+        scores = q[:, i].double() @ k[:, i // (heads // groups)].double().transpose(-1, -2) / math.sqrt(d)
+        out.append(scores.masked_fill(later, float("-inf")).logsumexp(-1))
+    return torch.stack(out, dim=1)
+
+
+def rel(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.double() - expected).norm() / expected.norm()).item()
+
+
+def projected(batch, heads, kv_heads, n, d, dtype, gen):
+    """q (B,2,h,N,d), k (B,2,h_kv,N,d), v (B,h_kv,N,2d) as the `diff` component makes them: views of
+    (B, N, sub-heads, d) projections with the pairs interleaved (strided, not contiguous)."""
+    q = torch.randn(batch, n, 2 * heads, d, generator=gen).to(dtype)
+    k = torch.randn(batch, n, 2 * kv_heads, d, generator=gen).to(dtype)
+    v = torch.randn(batch, n, kv_heads, 2 * d, generator=gen).to(dtype)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    q5 = q.transpose(1, 2).unflatten(1, (heads, 2)).transpose(1, 2)
+    k5 = k.transpose(1, 2).unflatten(1, (kv_heads, 2)).transpose(1, 2)
+    return (q, k, v), (q5, k5, v.transpose(1, 2))
+
+
+CASES = [  # batch, heads, kv heads, sequence, sub-head width
+    (2, 2, 2, 37, 16),  # 3 tiles, the last 5 rows long
+    (1, 4, 2, 50, 32),  # grouped: two query heads per kv head
+    (1, 3, 1, 33, 24),  # one kv head for three; a width that is not a power of two (masked to 32)
+    (1, 2, 1, 20, 64),
+    (1, 1, 1, 17, 128),  # V 256 wide, the widest allowed
+]
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE), ids=lambda t: str(t).removeprefix("torch."))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}h{}kv{}n{}d{}".format(*c))
+def test_diff_kernel_against_float64(case, dtype):
+    batch, heads, kv_heads, n, d = case
+    gen = torch.Generator().manual_seed(sum(case))
+    leaves, (q, k, v) = projected(batch, heads, kv_heads, n, d, dtype, gen)
+    lam = torch.tensor(0.63, requires_grad=True)
+    out, o2, lse = torch.ops.ablate.triton_attention(q, k, v, lam, BLOCK, BLOCK)
+    grad = torch.randn(out.shape, generator=gen).to(dtype)
+    out.backward(grad)
+
+    ref = [t.detach().double().requires_grad_() for t in (q[:, 0], q[:, 1], k[:, 0], k[:, 1], v, lam)]
+    expected = diff64(*ref)
+    expected.backward(grad.double())
+    tol = TOLERANCE[dtype]
+    assert out.shape == (batch, heads, n, 2 * d) and out.dtype == dtype
+    assert rel(out, expected.detach()) < tol
+    assert rel(lse[:, 0], lse64(ref[0], ref[2])) < 1e-6 and rel(lse[:, 1], lse64(ref[1], ref[3])) < 1e-6
+    a2v = diff64(ref[1], ref[1], ref[3], ref[3], ref[4], torch.tensor(0.0)).detach()  # A2 V, kept for dλ
+    assert rel(o2, a2v) < tol
+    dq = leaves[0].grad.unflatten(2, (heads, 2))  # (B, N, h, 2, d): map c of head i
+    dk = leaves[1].grad.unflatten(2, (kv_heads, 2))
+    for name, actual, wanted in [
+        ("dQ1", dq[:, :, :, 0].transpose(1, 2), ref[0].grad),
+        ("dQ2", dq[:, :, :, 1].transpose(1, 2), ref[1].grad),
+        ("dK1", dk[:, :, :, 0].transpose(1, 2), ref[2].grad),
+        ("dK2", dk[:, :, :, 1].transpose(1, 2), ref[3].grad),
+        ("dV", leaves[2].grad.transpose(1, 2), ref[4].grad),
+    ]:
+        assert actual.dtype == dtype, name
+        assert rel(actual, wanted) < tol, name
+    assert abs(lam.grad.item() - ref[5].grad.item()) < tol * abs(ref[5].grad.item()), "dλ"
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE), ids=lambda t: str(t).removeprefix("torch."))
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_softmax_kernel_against_float64(kv_heads, dtype):
+    """One map: the Transformer's attention by the same kernel, through `backends.attend`."""
+    gen = torch.Generator().manual_seed(kv_heads)
+    q = torch.randn(2, 4, 41, 32, generator=gen).to(dtype).requires_grad_()
+    k, v = (torch.randn(2, kv_heads, 41, 32, generator=gen).to(dtype).requires_grad_() for _ in range(2))
+    out = backends.attend(q, k, v, backend="triton")
+    grad = torch.randn(out.shape, generator=gen).to(dtype)
+    out.backward(grad)
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    repeat = 4 // kv_heads
+    expected = causal_softmax64(ref[0], ref[1].repeat_interleave(repeat, 1)) @ ref[2].repeat_interleave(
+        repeat, 1
+    )
+    expected.backward(grad.double())
+    tol = TOLERANCE[dtype]
+    assert rel(out, expected.detach()) < tol
+    for name, actual, ref_leaf in zip(("dQ", "dK", "dV"), (q, k, v), ref):
+        assert rel(actual.grad, ref_leaf.grad) < tol, name
+
+
+def test_diff_component_on_triton_matches_the_paper(reference):
+    """The `diff` module with `backend: triton`, norm and (1 - λ_init) in PyTorch around the kernel,
+    against conftest's Eq. 1-3 in float64; its gradients against the `math` backend's."""
+    kwargs = {"d_model": 64, "head_dim": 16, "layer_idx": 1, "n_layers": 2, "position": "none"}
+    spec = {"name": "diff", "n_kv_heads": 1}
+    fused = build("attention", spec, backend="triton", **kwargs)
+    math_ = build("attention", spec, backend="math", **kwargs)
+    math_.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 21, 64, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    p = {name: t.detach().double() for name, t in fused.state_dict().items()}
+    expected = reference.diff(
+        x.detach().double(), p, h=2, h_kv=1, lam_init=fused.lambda_init, norm=True, rope=None
+    )
+    out = fused(x)
+    assert rel(out, expected) < 1e-5
+    out.square().sum().backward()
+    math_(x).square().sum().backward()
+    for (name, a), b in zip(fused.named_parameters(), math_.parameters()):
+        assert a.grad.abs().sum() > 0, name
+        assert rel(a.grad, b.grad.double()) < 1e-4, name
+
+
+def test_the_core_compiles_whole():
+    """The custom op traces through its fake implementations with no graph break (fullgraph), forward
+    and backward, and computes under compile what it computes eagerly."""
+    gen = torch.Generator().manual_seed(2)
+    leaves, (q, k, v) = projected(1, 2, 1, 24, 16, torch.float32, gen)
+    lam = torch.tensor(0.4, requires_grad=True)
+
+    def core(q, k, v, lam):
+        return backends.diff_attend_maps(q, k, v, lam, backend="triton").square().sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(core, fullgraph=True, backend="aot_eager")  # a graph break fails here
+    grads = []
+    for fn in (core, compiled):
+        loss = fn(q, k, v, lam)
+        grads.append((loss.detach(), *torch.autograd.grad(loss, (*leaves, lam))))
+    torch._dynamo.reset()
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
+
+
+def test_compiled_model_runs_the_custom_op():
+    """`train.compile: true` with `attention_backend: triton`: the compiled model (inductor) computes what
+    the eager one does, gradients included."""
+    config = {"vocab_size": 64, "d_model": 64, "n_layers": 2, "head_dim": 16}
+    config |= {"attention": {"name": "diff"}, "attention_backend": "triton"}
+    eager, source = build_model(config, seed=0), build_model(config, seed=0)
+    with torch.no_grad():  # away from the zero-initialised outputs, so every gradient is non-trivial
+        for a, b in zip(eager.parameters(), source.parameters()):
+            a.add_(torch.randn_like(a) * 0.05)
+            b.copy_(a)
+    torch._dynamo.reset()
+    compiled = torch.compile(source)
+    tokens = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(1))
+    eager_loss = eager(tokens).float().logsumexp(-1).mean()
+    compiled_loss = compiled(tokens).float().logsumexp(-1).mean()
+    eager_loss.backward()
+    compiled_loss.backward()
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(eager.named_parameters(), source.parameters()):
+        assert a.grad is not None and a.grad.abs().sum() > 0, name
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_fake_implementations_give_the_real_layouts():
+    """What the compiler plans with (register_fake) is what the kernel returns: shapes, dtypes, strides."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    gen = torch.Generator().manual_seed(0)
+    _, (q, k, v) = projected(1, 2, 1, 18, 16, torch.float32, gen)
+    lam = torch.tensor(0.5)
+    real = torch.ops.ablate.triton_attention(q, k, v, lam, BLOCK, BLOCK)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = torch.ops.ablate.triton_attention(*(mode.from_tensor(t) for t in (q, k, v, lam)), BLOCK, BLOCK)
+    for r, f in zip(real, fake):
+        assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride())
+
+
+def test_missing_triton_is_one_line(monkeypatch):
+    monkeypatch.setattr(triton_op, "available", lambda: False)
+    message = "attention_backend: triton needs the triton package (pip install 'ablate[triton]')"
+    with pytest.raises(UserError) as e:
+        backends.check_backend("triton")
+    assert str(e.value) == message
+    with pytest.raises(UserError, match="needs the triton package"):
+        build("attention", "diff", d_model=32, head_dim=8, layer_idx=0, n_layers=1, backend="triton")
+
+
+def test_too_wide_is_one_line():
+    q = torch.randn(1, 1, 4, 8, 160)
+    with pytest.raises(UserError, match=r"triton takes V up to 256 wide .* got 320"):
+        triton_op.diff_attention(
+            q.expand(1, 2, 4, 8, 160), q.expand(1, 2, 4, 8, 160), torch.randn(1, 4, 8, 320), torch.tensor(0.5)
+        )
+
+
+def test_auto_never_chooses_triton():
+    """Opt-in until a committed device report shows it fastest."""
+    for device in (torch.device("cpu"), torch.device("cuda")):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for diff in (False, True):
+                for width in (16, 32, 64, 128):
+                    for seq in (None, 256, 4096):
+                        name = backends.resolve(
+                            "auto", device, dtype, diff=diff, head_dim=width, amx=False, seq_len=seq
+                        )
+                        assert name != "triton"
