@@ -271,7 +271,7 @@ def test_unknown_attention_name_exits_2_with_did_you_mean(tmp_path, capsys):
 
 
 def test_readme_add_a_component_example_builds_from_a_recipe(tmp_path, monkeypatch, capsys):
-    """The README's example is real code: extract it, register it through `imports:`, build and check."""
+    """The docs' "Add a component" example is real code: extract it, register it through `imports:`, build and check."""
     import re
     from pathlib import Path
 
@@ -280,8 +280,8 @@ def test_readme_add_a_component_example_builds_from_a_recipe(tmp_path, monkeypat
     from ablate.model.decoder import build_model
     from ablate.recipe.resolve import load_recipe
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("### Add a component", 1)[1]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "recipes-and-components.md").read_text()
+    section = page.split("### Add a component", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert len([line for line in code.splitlines() if line.strip()]) <= 20  # "an example of 20 lines"
     (tmp_path / "my_attention.py").write_text(code)
@@ -313,7 +313,7 @@ def test_flags_are_never_abbreviated(capsys):
 
 def test_bench_flags_follow_run_benchs_keyword_arguments(monkeypatch):
     """A keyword argument added to `run_bench` (here `device`, `precision`) is an `ablate bench` flag."""
-    import ablate.train.bench
+    import ablate.verbs.bench
     from ablate.cli import parse_args
 
     def run_bench(
@@ -328,7 +328,7 @@ def test_bench_flags_follow_run_benchs_keyword_arguments(monkeypatch):
     ):
         """Stand-in with run_bench's shape plus two new options."""
 
-    monkeypatch.setattr(ablate.train.bench, "run_bench", run_bench)
+    monkeypatch.setattr(ablate.verbs.bench, "run_bench", run_bench)
     verb, values, overrides, _ = parse_args(
         ["bench", str(TABLE6), "--device", "cuda", "--precision=bf16", "--base.train.lr", "0.1"]
     )

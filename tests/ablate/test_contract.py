@@ -1,5 +1,5 @@
 """The component contract: automatic FLOPs, the columns a component describes, the structure check, and the
-README's "Add a component" example beside Table 6's rows."""
+docs' "Add a component" example (docs/recipes-and-components.md) beside Table 6's rows."""
 
 from __future__ import annotations
 
@@ -60,13 +60,13 @@ def make(kind: str, spec: dict, backend: str | None) -> torch.nn.Module:
 
 
 def readme_example() -> str:
-    section = (ROOT / "README.md").read_text().split("### Add a component", 1)[1]
+    section = (ROOT / "docs" / "recipes-and-components.md").read_text().split("### Add a component", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 @pytest.fixture
 def readme_module(tmp_path, monkeypatch):
-    """The README's example as the user's file `my_attention.py`, importable."""
+    """The docs' example as the user's file `my_attention.py`, importable."""
     (tmp_path / "my_attention.py").write_text(readme_example())
     monkeypatch.syspath_prepend(str(tmp_path))
     import my_attention
@@ -179,7 +179,7 @@ def test_consumed_structure_reads_the_constructor():
     assert contract.consumed(TakesAll, "attention") == set(contract.INJECTED["attention"])
 
 
-# --- the README example beside Table 6 --------------------------------------------------------------
+# --- the docs' example beside Table 6 ----------------------------------------------------------------
 
 
 def test_readme_example_is_matched_beside_table6(tmp_path, capsys, readme_module):

@@ -1,4 +1,4 @@
-"""The README's "Add a component" example, as a user adds it: its own file, `imports:` in a recipe beside
+"""The docs' "Add a component" example (docs/recipes-and-components.md), as a user adds it: its own file, `imports:` in a recipe beside
 Table 6's `transformer` and `diff` rows, `ablate check` without --allow-unmatched, then a short sweep that
 ends with three FINISHED runs."""
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def readme_example() -> str:
-    section = (ROOT / "README.md").read_text().split("### Add a component", 1)[1]
+    section = (ROOT / "docs" / "recipes-and-components.md").read_text().split("### Add a component", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
