@@ -1,11 +1,12 @@
-"""Take the README's two MLflow UI pictures: the printed link's list view and its chart view.
+"""Take the two MLflow UI pictures of docs/mlflow-ui.md (the README shows the first): the printed link's list
+view and its chart view.
 
     ablate sweep recipes/table6.yaml --scale tiny --yes --reports ablate-runs/reports   # the quickstart
     ablate ui &                                                                         # prints the link
     python docs/screenshots.py 'http://127.0.0.1:5000/#/experiments/1/runs?...' --out docs/
 
 Headless Chromium through chromedriver (Debian's `chromium` and `chromium-driver`, selenium from the dev
-extras), the window the README's pictures use, a fresh browser profile: the pictures show what a new user
+extras), the window the pictures use, a fresh browser profile: the pictures show what a new user
 sees, MLflow's Assistant panel included (it opens on a browser's first visit; its x closes it for good).
 """
 

@@ -25,7 +25,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="no chromium/chromedriver on PATH"),
 ]
-# Headless Chromium's flags, the ones docs/screenshots.py takes the README's pictures with
+# Headless Chromium's flags, the ones docs/screenshots.py takes docs/mlflow-ui.md's pictures with
 CHROMIUM_FLAGS = runpy.run_path(str(Path(__file__).parents[2] / "docs" / "screenshots.py"))["FLAGS"]
 GENAI_PAGES = ("Sessions", "Judges", "Prompts", "Agent versions")  # MLflow's GenAI sidebar, not training's
 
