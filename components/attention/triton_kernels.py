@@ -8,8 +8,8 @@ causal softmax attention, so the Transformer arm can be timed on the same code.
 
 - forward (`_fwd`): per (query block, batch, head): O = O1 - λ O2 with O_m = A_m V, O2 (for the
   backward), and each map's log-sum-exp of the scaled scores (natural log, float32).
-- backward: with δ1 = rowsum(dO · O1) = rowsum(dO · O) + λ δ2 and δ2 = rowsum(dO · O2) (computed by the
-  caller; dλ = -Σ δ2), both maps are recomputed per tile from the log-sum-exp: P_m = exp(S_m - lse_m),
+- backward: with δ1 = rowsum(dO · O1) = rowsum(dO · O) + λ δ2 and δ2 = rowsum(dO · O2) (`_bwd_delta`;
+  the caller sums dλ = -Σ δ2), both maps are recomputed per tile from the log-sum-exp: P_m = exp(S_m - lse_m),
   dP = dO V^T (shared), dS1 = P1 (dP - δ1), dS2 = -λ P2 (dP - δ2), dV = (P1 - λ P2)^T dO.
   `_bwd_kv` (per key block and kv head, looping over the group's query heads: no atomics) writes dK1,
   dK2, dV; `_bwd_q` (per query block and head) writes dQ1, dQ2.
@@ -124,6 +124,37 @@ def _fwd(
         tl.store(O2 + o_off, out2.to(O2.dtype.element_ty), mask=o_mask)
         tl.store(lse_ptrs + heads * n_ctx, (m2 + tl.log2(l2)) * LN2, mask=row_ok)
     tl.store(OUT + o_off, out.to(OUT.dtype.element_ty), mask=o_mask)
+
+
+def _bwd_delta(
+    OUT, O2, DO, DELTA, LAM,
+    sob, soh, son, soe,
+    sdb, sdh, sdn, sde,
+    heads, n_ctx, v_width,
+    MAPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    # δ2 = rowsum(dO · O2) and δ1 = rowsum(dO · O) + λ δ2 (δ = rowsum(dO · O) for one map), float32, into
+    # DELTA (B, MAPS, h, N) contiguous: one read of dO, O and O2.
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // heads
+    head = pid_bh % heads
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_e = tl.arange(0, BLOCK_E)
+    row_ok = offs_m < n_ctx
+    mask = row_ok[:, None] & (offs_e[None, :] < v_width)
+    o_off = b * sob + head * soh + offs_m[:, None] * son + offs_e[None, :] * soe
+    do = tl.load(
+        DO + b * sdb + head * sdh + offs_m[:, None] * sdn + offs_e[None, :] * sde, mask=mask, other=0.0
+    )
+    do = do.to(tl.float32)
+    delta = tl.reduce(do * tl.load(OUT + o_off, mask=mask, other=0.0).to(tl.float32), 1, _SUM)
+    stat = (b * MAPS * heads + head) * n_ctx + offs_m
+    if MAPS == 2:
+        delta2 = tl.reduce(do * tl.load(O2 + o_off, mask=mask, other=0.0).to(tl.float32), 1, _SUM)
+        delta = delta + tl.load(LAM) * delta2
+        tl.store(DELTA + stat + heads * n_ctx, delta2, mask=row_ok)
+    tl.store(DELTA + stat, delta, mask=row_ok)
 
 
 def _bwd_kv(
@@ -278,10 +309,10 @@ def _bwd_q(
 
 @functools.cache
 def kernels(interpret: bool):
-    """(forward, backward kv, backward q) for CPU tensors through Triton's interpreter (`interpret`) or
+    """(forward, backward δ, backward kv, backward q) for CPU tensors through Triton's interpreter (`interpret`) or
     compiled for the GPU."""
     if interpret:
         from triton.runtime.interpreter import InterpretedFunction
 
-        return tuple(InterpretedFunction(f) for f in (_fwd, _bwd_kv, _bwd_q))
-    return tuple(triton.jit(f) for f in (_fwd, _bwd_kv, _bwd_q))
+        return tuple(InterpretedFunction(f) for f in (_fwd, _bwd_delta, _bwd_kv, _bwd_q))
+    return tuple(triton.jit(f) for f in (_fwd, _bwd_delta, _bwd_kv, _bwd_q))

@@ -12,8 +12,7 @@ k (B, M, h_kv, N, d), v (B, h_kv, N, e), lam a float32 0-dim tensor):
 - `ablate::triton_attention(q, k, v, lam, block_m, block_n) -> (out, o2, lse)`: out (B, h, N, e) laid out
   (B, N, h, e), O2 = A2 V alike (M = 2; empty for M = 1), lse (B, M, h, N) float32.
 - `ablate::triton_attention_backward(dout, q, k, v, lam, out, o2, lse, block_m, block_n)
-  -> (dq, dk, dv, dlam)`: δ2 = rowsum(dO · O2), δ1 = rowsum(dO · O) + λ δ2 and dλ = -Σ δ2 here in
-  PyTorch (three small reductions), the rest in the two backward kernels.
+  -> (dq, dk, dv, dlam)`: the three backward kernels; dλ = -Σ δ2 summed here.
 """
 
 from __future__ import annotations
@@ -118,7 +117,7 @@ def _forward(
     batch, maps, heads, n, width = q.shape
     kv_heads, v_width = k.shape[2], v.shape[-1]
     out, o2, lse = _outputs(q, v)
-    fwd, _, _ = _kernels(q.device)
+    fwd = _kernels(q.device)[0]
     grid = (math.ceil(n / block_m), batch * heads)
     fwd[grid](
         q, k, v, out, o2 if maps == 2 else out, lse, lam,
@@ -150,15 +149,14 @@ def _backward(
     batch, maps, heads, n, width = q.shape
     kv_heads, v_width = k.shape[2], v.shape[-1]
     dout = dout.to(q.dtype)
-    delta = (dout.float() * out.float()).sum(-1)  # rowsum(dO · O), (B, h, N)
-    if maps == 2:
-        delta2 = (dout.float() * o2.float()).sum(-1)
-        delta = torch.stack([delta + lam * delta2, delta2], dim=1).contiguous()
-        dlam = -delta2.sum()
-    else:
-        delta, dlam = delta.unsqueeze(1).contiguous(), torch.zeros_like(lam)
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+    bwd_delta, bwd_kv, bwd_q = _kernels(q.device)[1:]
+    bwd_delta[(math.ceil(n / block_m), batch * heads)](
+        out, o2 if maps == 2 else out, dout, delta, lam, *out.stride(), *dout.stride(), heads, n, v_width,
+        MAPS=maps, BLOCK_M=block_m, BLOCK_E=_pow2(v_width),
+    )  # fmt: skip
+    dlam = -delta[:, 1].sum() if maps == 2 else torch.zeros_like(lam)
     dq, dk, dv = (torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (q, k, v))
-    _, bwd_kv, bwd_q = _kernels(q.device)
     inputs = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
     sizes = (n, width, v_width, 1 / math.sqrt(width))
     options = {"MAPS": maps, **_launch_options(q, width, v_width, block_m, block_n)}
