@@ -212,7 +212,7 @@ def check_settings(settings: Any, where: Path) -> None:
         if not _plain(value):
             raise bad(
                 "overrides",
-                f"sets {key!r} to {value!r}; only strings, numbers, booleans, null or lists of them",
+                f"sets {key!r} to {value!r}; only plain values (strings, numbers, booleans, null or lists of them)",
             )
 
 
