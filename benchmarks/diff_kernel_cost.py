@@ -1,0 +1,122 @@
+"""Cost model of differential attention's core on a GPU, written before any GPU ran the `triton` kernel:
+matmul FLOPs, exponentials and bytes moved by each way of computing Eq. 1, forward and backward, and the
+throughput each predicts against the Transformer's core (SDPA's flash kernel, FlashAttention-2).
+
+Shapes: the `small` scale's attention (recipes/table6.yaml): the Transformer has 2h = 12 heads of d = 64,
+Diff h = 6 heads of sub-heads d = 64 and V 2d = 128 (the same Q, K, V sizes), one layer, bf16, 16384
+tokens (batch = 16384 / N), causal, 64 x 64 tiles (a causal walk visits nb (nb + 1) / 2 of them).
+
+Forms (per tile of one head, in units of 64 x 64 x d multiply-adds x 2 FLOPs):
+- `transformer`: SDPA flash (FA2), 2h heads: forward S, PV (4); backward S, dP, dV, dK, dQ (10).
+- `split_v`: FlashDiffAttn_2 through SDPA flash (the `sdpa_flash` backend): two calls over 2h stacked
+  heads with V halves, each a Transformer's core; plus the copies around them (cat of V halves, the
+  addcmul of the two outputs, the final cat, and their backward).
+- `flashdiff_1`: FlashDiffAttn_1 (Appendix A): one call over 2h heads with V 2d wide (a kernel that takes
+  a wider V; flash-attn 2 does not): forward S (2) + PV (4), backward S 2, dP 4, dV 4, dK 2, dQ 2.
+- `triton`: this project's kernel, h heads: forward S1, S2 (4) + P1 V, P2 V at 2d (8) = 12; backward in
+  two kernels, each recomputing S1, S2 and dP = dO V^T: kv kernel 4 + 4 + dV 4 + dK1, dK2 4 = 16, q
+  kernel 4 + 4 + dQ1, dQ2 4 = 12.
+
+Time = max(matmul FLOPs / (η peak) + exponentials / MUFU, kernel bytes / (0.8 BW)) + bytes of the
+elementwise passes / (0.8 BW): the flash kernels are compute bound at these lengths, FA2-style kernels do
+not overlap their exponentials with the tensor cores, the copies are bandwidth bound. The same η for every
+kernel, so a ratio is the model's, not a guess at tuning: an untuned Triton kernel reaching a fraction f
+of FA2's efficiency moves its ratio by about f.
+
+    python benchmarks/diff_kernel_cost.py          # the tables of benchmarks/NOTES.md
+"""
+
+from __future__ import annotations
+
+import math
+
+TOKENS = 16384
+HEADS, WIDTH = 6, 64  # Diff heads h and sub-head width d (the Transformer: 2h heads of d)
+TILE = 64
+SEQS = (1024, 2048, 4096, 8192)
+ETA = 0.5  # matmul efficiency of every attention kernel (FA2 reaches 35-50% of an H100's bf16 peak)
+BW_EFF = 0.8
+
+# Spec sheets (SXM): dense bf16 tensor-core peak, HBM bandwidth, SMs x boost clock x 16 exp2 per clock.
+CARDS = {
+    "H100": {"tflops": 989.4, "tb_s": 3.35, "exp_t": 132 * 1.98e9 * 16 / 1e12},
+    "H200": {"tflops": 989.4, "tb_s": 4.8, "exp_t": 132 * 1.98e9 * 16 / 1e12},
+}
+FORMS = ("transformer", "split_v", "flashdiff_1", "triton")
+# The rest of a `small` layer per token, forward + backward (3x): Q, K, V, O projections (4 x 768^2),
+# SwiGLU (3 x 768 x 2048) and the LM head's share (768 x 8192 / 12 layers), as GEMMs at 0.7 of peak.
+REST_FLOPS_PER_TOKEN = 3 * 2 * (4 * 768 * 768 + 3 * 768 * 2048 + 768 * 8192 / 12)
+GEMM_ETA = 0.7
+
+
+def tiles(n: int) -> int:
+    blocks = math.ceil(n / TILE)
+    return blocks * (blocks + 1) // 2
+
+
+def cost(form: str, n: int) -> dict[str, float]:
+    """FLOPs, exponentials, kernel bytes and elementwise bytes of one layer's core, forward + backward."""
+    batch = TOKENS / n
+    unit = 2 * TILE * TILE * WIDTH * tiles(n) * batch  # one 64 x 64 x d product over the causal tiles
+    elems = TILE * TILE * tiles(n) * batch  # score entries of one head
+    e = TOKENS * 2 * HEADS * WIDTH  # elements of Q (= of K, of V, of a Transformer's O)
+    if form == "transformer":
+        # fwd reads Q, K, V, writes O; bwd: δ pass (O, dO), main (Q, K, V, dO in, dQ, dK, dV out), dQ's
+        # float32 accumulator (zeroed, converted: 10 bytes per element).
+        return {"flops": 2 * HEADS * 14 * unit, "exps": 2 * HEADS * 2 * elems, "bytes": e * (8 + 4 + 14 + 10),
+                "extra": 0.0}  # fmt: skip
+    if form == "split_v":
+        # Two Transformer cores; per call cat(V half, V half) 3e, addcmul 3e forward, 8e backward;
+        # the final cat 4e each way.
+        return {"flops": 2 * 2 * HEADS * 14 * unit, "exps": 2 * 2 * HEADS * 2 * elems,
+                "bytes": 2 * e * 36, "extra": e * (2 * 6 + 4 + 2 * 8 + 4)}  # fmt: skip
+    if form == "flashdiff_1":
+        # V repeated for the stacked heads (2e elements) and outputs 2e wide; addcmul; their backward.
+        return {"flops": 2 * HEADS * 20 * unit, "exps": 2 * HEADS * 2 * elems, "bytes": e * (12 + 38),
+                "extra": e * (6 + 6 + 12)}  # fmt: skip
+    if form == "triton":
+        # fwd reads Q, K, V, writes O and O2; bwd: δ (dO, O, O2), kv (K, V, Q, dO in, dK, dV out),
+        # q (Q, dO, K, V in, dQ out).
+        return {"flops": HEADS * 40 * unit, "exps": HEADS * 6 * elems, "bytes": e * (10 + 6 + 12 + 10),
+                "extra": 0.0}  # fmt: skip
+    raise ValueError(form)
+
+
+def seconds(form: str, n: int, card: str) -> float:
+    spec, c = CARDS[card], cost(form, n)
+    compute = c["flops"] / (ETA * spec["tflops"] * 1e12) + c["exps"] / (spec["exp_t"] * 1e12)
+    memory = c["bytes"] / (BW_EFF * spec["tb_s"] * 1e12)
+    return max(compute, memory) + c["extra"] / (BW_EFF * spec["tb_s"] * 1e12)
+
+
+def predict(card: str, n: int) -> dict[str, float]:
+    """Throughput of each form's core relative to the Transformer's (1.0 = as fast)."""
+    base = seconds("transformer", n, card)
+    return {form: base / seconds(form, n, card) for form in FORMS}
+
+
+def predict_model(card: str, n: int) -> dict[str, float]:
+    """The same for a whole `small` training step: the rest of the layer costs every arm the same."""
+    rest = TOKENS * REST_FLOPS_PER_TOKEN / (GEMM_ETA * CARDS[card]["tflops"] * 1e12)
+    base = rest + seconds("transformer", n, card)
+    return {form: base / (rest + seconds(form, n, card)) for form in FORMS}
+
+
+def table() -> str:
+    lines = ["| N | form | GFLOP | G exp | GB kernels | GB copies | " + " | ".join(
+        f"{c} ms | {c} core ratio | {c} model ratio" for c in CARDS) + " |"]  # fmt: skip
+    lines.append("|" + "---|" * (6 + 3 * len(CARDS)))
+    for n in SEQS:
+        for form in FORMS:
+            c = cost(form, n)
+            cells = [f"{n}", form, f"{c['flops'] / 1e9:.0f}", f"{c['exps'] / 1e9:.2f}",
+                     f"{c['bytes'] / 1e9:.2f}", f"{c['extra'] / 1e9:.2f}"]  # fmt: skip
+            for card in CARDS:
+                cells += [f"{seconds(form, n, card) * 1e3:.2f}", f"{predict(card, n)[form]:.2f}",
+                          f"{predict_model(card, n)[form]:.2f}"]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table())
