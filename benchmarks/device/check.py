@@ -14,6 +14,8 @@ child process held to its box, so a part that fails or overruns loses nothing th
   b  `ablate bench` at the `small` scale, sequences 1024, 2048, 4096: tokens/s, peak memory, MFU
   c  the `small` Transformer and Diff in bf16-mixed through `ablate train`, logged to MLflow
   e  Diff with `train.compile: true`: compile time apart from training time, tokens/s
+  t  the `triton` backend's fused kernel against float64, then timed against split V and the Transformer
+     beside the cost model's prediction (benchmarks/device/diff_kernel.py)
   d  with the time left: the `cpu-tokens` width's token budgets, sized to land in the box (`runs.d_sizing`),
      through `ablate sweep --no-train` and parallel `ablate worker`s
 
@@ -79,8 +81,8 @@ PARTS = {
               "2 variants x 150 steps of 32,768 tokens"),
     "e": Part("`ablate train`, `small`, `train.compile: true`", "runs:compiled", 100, True,
               "Diff: 1 cold compile (train and eval graphs), 40 steps"),
-    # "t": Part("the fused Triton differential attention (backend `triton`)", "kernels:triton", 40, False,
-    #           "..."),  # the Triton kernel's bench goes here, before d
+    "t": Part("the fused Triton differential attention (backend `triton`)", "diff_kernel:main", 40, False,
+              "8 checks against float64; 4 arms x 4 lengths (1024-8192) x 5 rounds of 16,384 tokens"),
     "d": Part("token budgets at the `cpu-tokens` width", "runs:budgets", None, True,
               "sized from its box: runs.d_sizing"),
 }  # fmt: skip

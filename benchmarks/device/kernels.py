@@ -24,6 +24,9 @@ from components.attention import backends
 
 TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 3e-2}  # relative Frobenius error, outputs and gradients
 KINDS = ("softmax", "diff")
+# Every backend but `triton`, which part t (diff_kernel.py) checks and times: its kernels compile on first
+# use, which part a's box is not sized for.
+CHECKED = tuple(b for b in backends.BACKENDS if b != "triton")
 
 
 def reference(kind: str, q, k, v, lam):
@@ -157,7 +160,7 @@ def main(ctx) -> None:
                "grad_rel_err", "tolerance", "status", "sdpa_ops", "note"]  # fmt: skip
     checks = Rows(out / "a_kernels.csv", columns)
     for kind in KINDS:
-        for backend in backends.BACKENDS:
+        for backend in CHECKED:
             for dtype in dtypes:
                 for kv_heads in (heads, heads // 2):
                     checks.add(check_one(kind, backend, dtype, kv_heads, device, n, d, heads))
@@ -168,7 +171,7 @@ def main(ctx) -> None:
     timed = Rows(out / "a_timing.csv", ["kind", "backend", "dtype", "seq", "heads", "ms_fwd_bwd"])
     seq, dtype, rounds = (16, torch.float32, 1) if dry else (4096, torch.bfloat16, 10)
     for kind, h in (("softmax", 12), ("diff", 6)):
-        for backend in backends.BACKENDS:
+        for backend in CHECKED:
             if not any(r["kind"] == kind and r["backend"] == backend and r["status"] == "pass" for r in rows):
                 continue
             try:

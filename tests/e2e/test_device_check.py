@@ -83,11 +83,11 @@ def test_the_plan_never_exceeds_the_budget(monkeypatch):
     assert [boxes[p] for p in "abce"] == [check.PARTS[p].share_s for p in "abce"]
     assert sum(boxes.values()) == 420.0
     # a new part is one entry, before d: its share comes out of d's box
-    part = check.Part("a Triton kernel's bench", "kernels:triton", 40, False, "one sweep")
-    monkeypatch.setattr(check, "PARTS", {**{k: v for k, v in check.PARTS.items() if k != "d"}, "t": part,
+    part = check.Part("another kernel's bench", "kernels:other", 40, False, "one sweep")
+    monkeypatch.setattr(check, "PARTS", {**{k: v for k, v in check.PARTS.items() if k != "d"}, "x": part,
                                          "d": check.PARTS["d"]})  # fmt: skip
     more = check.plan(450.0, 30.0, list(check.PARTS))
-    assert more["t"] == 40 and more["d"] == boxes["d"] - 40
+    assert more["x"] == 40 and more["d"] == boxes["d"] - 40
 
 
 def test_part_d_is_sized_to_land_in_its_box():
@@ -144,7 +144,7 @@ def cut_everything(proc: subprocess.Popen) -> None:
 @pytest.mark.slow
 def test_dry_run_on_cpu_keeps_each_part_through_a_lease_cut(tmp_path):
     """The dry run of a-d cut (the whole process group killed) as soon as part b is recorded: a and b's
-    results and the README stay; a second run of c and d into the same folder completes it."""
+    results and the README stay; a second run of c, t and d into the same folder completes it."""
     blocked = tmp_path / "blocked"
     blocked.mkdir()
     (blocked / "sitecustomize.py").write_text(HIDING)
@@ -169,12 +169,17 @@ def test_dry_run_on_cpu_keeps_each_part_through_a_lease_cut(tmp_path):
     assert "88 checks" in readme and readme.count("(not run)") == 3  # c, e, d
     assert json.loads((out / "versions.json").read_text())["after_install"]
 
-    proc = subprocess.run([*command, "--parts", "c", "d"], cwd=tmp_path, env=env, capture_output=True,
+    proc = subprocess.run([*command, "--parts", "c", "t", "d"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=1800)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [(r["part"], r["status"]) for r in rows(out / "parts.csv")] == [
-        (part, "ok") for part in ("install", "a", "b", "install", "c", "d")
+        (part, "ok") for part in ("install", "a", "b", "install", "c", "t", "d")
     ], logs()
+    # part t: the triton kernel (Triton's interpreter on CPU) against float64, then timed beside split V
+    assert {r["status"] for r in rows(out / "t_kernel.csv")} == {"pass"}
+    assert {r["arm"] for r in rows(out / "t_bench.csv") if r["ms_fwd_bwd"]} == {
+        "transformer_sdpa_flash", "diff_split_v_sdpa_flash", "diff_triton", "transformer_triton"
+    }  # fmt: skip
     kernels = rows(out / "a_kernels.csv")
     assert {r["status"] for r in kernels} == {"pass", "n/a"}
     flash = [r for r in kernels if r["backend"] == "sdpa_flash" and r["kind"] == "diff"]
