@@ -68,7 +68,16 @@ def _call(q, k, v, lam, block):
         raise UserError(f"attention_backend: triton runs on cuda (cpu: interpreted), not {q.device.type}")
     with torch.autocast(q.device.type, enabled=False):  # dtypes are chosen here, not by autocast
         k, v = k.to(q.dtype), v.to(q.dtype)
-        return torch.ops.ablate.triton_attention(q, k, v, lam, block or BLOCK, block or BLOCK)[0]
+        block = block or _block(q, v.shape[-1])
+        return torch.ops.ablate.triton_attention(q, k, v, lam, block, block)[0]
+
+
+def _block(q: torch.Tensor, v_width: int) -> int:
+    """Rows per tile: `BLOCK`, halved on CUDA where a query block's two float32 accumulators and its tiles
+    would outgrow the registers and shared memory (float32 inputs, or V wider than 128)."""
+    if q.device.type == "cuda" and (q.dtype == torch.float32 or v_width > 128):
+        return BLOCK // 2
+    return BLOCK
 
 
 def _pow2(n: int) -> int:
