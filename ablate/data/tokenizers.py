@@ -271,7 +271,16 @@ def get_tokenizer(
         raise ValueError("bpe needs workspace, fingerprint and train_documents")
     path = bpe_cache_path(workspace, fingerprint, spec["vocab_size"])
     if path.exists():
-        return BpeTokenizer.from_file(path, spec)
+        try:
+            return BpeTokenizer.from_file(path, spec)
+        except Exception as e:  # noqa: BLE001 - the `tokenizers` library raises a bare Exception on a bad file
+            # a cache, rebuilt from the corpus: a truncated or damaged file (a kill, a full disk) is trained again
+            print(
+                f"[data] the cached tokenizer {path} cannot be read ({str(e).splitlines()[0][:120]}); "
+                "training it again from the corpus",
+                flush=True,
+            )
+            path.unlink(missing_ok=True)
     tok = train_bpe(train_documents(), spec["vocab_size"])
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")

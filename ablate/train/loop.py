@@ -381,8 +381,8 @@ def train_run(
         },
     )
     result_file = folder / "result.json"
-    if result_file.exists():  # written (atomically) when training ended: a kill after it loses nothing
-        saved = json.loads(result_file.read_text())
+    saved = _saved_result(result_file)
+    if saved is not None:  # written (atomically) when training ended: a kill after it loses nothing
         if "tokens_per_s" in saved:  # written before the field said it is the run's mean
             saved["mean_tokens_per_s"] = saved.pop("tokens_per_s")
         done = TrainResult(**{**saved, "status": "already-finished", "run_id": run_id})
@@ -506,7 +506,7 @@ def _fit(
         save_last=True,
         enable_version_counter=False,
     )
-    start_step = _checkpoint_step(last) if last.exists() else 0
+    start_step, resume = _resume_point(folder / "checkpoints", rank)
     # The stream of micro-batches depends on (seed, index) only; a resumed run starts where it stopped.
     # With `world` ranks, rank r takes micro-batches r, r + world, ...: optimizer step s sees micro-batches
     # s*A*world .. (s+1)*A*world - 1 over all ranks (A = accumulate per rank), the same global batch as
@@ -560,7 +560,11 @@ def _fit(
             default_root_dir=folder,
             use_distributed_sampler=False,
         )
-        trainer.fit(module, train, val, ckpt_path=last if last.exists() else None, weights_only=True)
+        try:
+            trainer.fit(module, train, val, ckpt_path=resume, weights_only=True)
+        except (OSError, RuntimeError) as e:
+            _disk_full(e, last)
+            raise
         if not module.history or module.history[-1]["step"] != trainer.global_step:
             trainer.validate(module, val, verbose=False)
     seconds = time.perf_counter() - started
@@ -606,6 +610,69 @@ class _SameRanks(L.Callback):
             )
 
 
+def _saved_result(path: Path) -> dict[str, Any] | None:
+    """The finished run's result.json, or None: none yet, or unreadable (a damaged disk, a hand edit), then
+    said in a line and kept as `result.json.unreadable`; the run then resumes from its last checkpoint,
+    which for a finished run is its last step, and writes the result again."""
+    if not path.exists():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+        if not isinstance(saved, dict):
+            raise ValueError(f"a {type(saved).__name__}, not an object")
+        for key in ("val_loss", "steps"):
+            if key not in saved:
+                raise ValueError(f"no {key}")
+        return saved
+    except (ValueError, UnicodeDecodeError) as e:
+        print(
+            f"[train] {path} cannot be read ({str(e).splitlines()[0][:100]}); kept as result.json.unreadable, "
+            "the run resumes from its last checkpoint to write it again",
+            flush=True,
+        )
+        path.replace(path.with_name("result.json.unreadable"))
+        return None
+
+
 def _checkpoint_step(path: Path) -> int:
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     return int(checkpoint["global_step"])
+
+
+def _resume_point(checkpoints: Path, rank: int = 0) -> tuple[int, Path | None]:
+    """(step, checkpoint) to resume from: `last.ckpt`, or where it cannot be read (truncated by a kill or a
+    full disk) the run's best checkpoint, or else the run's start, said in a line. The unreadable file is
+    kept beside, renamed `*.unreadable`, not deleted."""
+    for name in ("last.ckpt", "best.ckpt"):
+        path = checkpoints / name
+        if not path.exists():
+            continue
+        try:
+            return _checkpoint_step(path), path
+        except Exception as e:  # noqa: BLE001 - torch.load raises RuntimeError, EOFError, pickle errors...
+            where = (
+                "its best checkpoint" if name == "last.ckpt" and (checkpoints / "best.ckpt").exists() else ""
+            )
+            print(
+                f"[train] {path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:100]}); "
+                f"resuming from {where or 'step 0'} (the file is kept as {name}.unreadable)",
+                flush=True,
+            )
+            if rank == 0:
+                path.replace(path.with_name(f"{name}.unreadable"))
+    return 0, None
+
+
+def _disk_full(error: BaseException, checkpoint: Path) -> None:
+    """One line, not Lightning's traceback, when the disk filled while a checkpoint was written."""
+    import errno
+    import shutil
+
+    text = str(error)
+    if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "file write failed" in text:
+        free = shutil.disk_usage(checkpoint.parent).free if checkpoint.parent.exists() else 0
+        raise UserError(
+            f"checkpoint: the disk holding {checkpoint.parent} is full ({free / 2**20:.0f} MiB free) while "
+            "a checkpoint was written; free some space and run again: the run resumes from its last whole "
+            "checkpoint"
+        ) from None
