@@ -12,6 +12,10 @@ have to be set before anything imports triton: Lightning does), so these tests r
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -222,6 +226,33 @@ def test_fake_implementations_give_the_real_layouts():
         fake = torch.ops.ablate.triton_attention(*(mode.from_tensor(t) for t in (q, k, v, lam)), BLOCK, BLOCK)
     for r, f in zip(real, fake):
         assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride())
+
+
+INTERPRETED = """
+import torch
+from components.attention import triton_op
+gen = torch.Generator().manual_seed(5)
+q, k = torch.randn(1, 2, 2, 19, 16, generator=gen), torch.randn(1, 2, 1, 19, 16, generator=gen)
+v, lam = torch.randn(1, 1, 19, 32, generator=gen), torch.tensor(0.3)
+leaves = [t.requires_grad_() for t in (q, k, v, lam)]
+out = triton_op.diff_attention(q, k, v, lam, block=16)
+out.square().sum().backward()
+torch.save([out.detach()] + [t.grad for t in leaves], PATH)
+"""
+
+
+def test_the_same_numbers_with_triton_interpret_set(tmp_path):
+    """With TRITON_INTERPRET=1 set before triton is imported (every jit function interpreted, Triton's
+    standard library too) the kernels give bitwise what they give here, where only they are interpreted."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    root = Path(__file__).resolve().parents[2]
+    there, here = tmp_path / "there.pt", tmp_path / "here.pt"
+    subprocess.run(
+        [sys.executable, "-c", f"PATH = {str(there)!r}" + INTERPRETED], cwd=root, env=env, check=True
+    )
+    exec(f"PATH = {str(here)!r}" + INTERPRETED, {})
+    here, there = torch.load(here), torch.load(there)
+    assert len(here) == 5 and all(torch.equal(a, b) for a, b in zip(here, there))
 
 
 def test_missing_triton_is_one_line(monkeypatch):
