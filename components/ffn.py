@@ -3,6 +3,7 @@
 import torch
 from torch import nn
 
+from ablate.core.contract import HIDDEN
 from ablate.core.registry import register
 
 
@@ -22,6 +23,7 @@ class SwiGLU(nn.Module):
     """
 
     residual_out = ("w2.weight",)
+    parameter_roles = dict.fromkeys(("w1.weight", "w3.weight", "w2.weight"), HIDDEN)  # width to width (μP)
 
     def __init__(self, *, d_model: int, hidden_mult: float = 8 / 3, multiple_of: int = 1):
         super().__init__()
@@ -47,6 +49,7 @@ class GeluMLP(nn.Module):
     """
 
     residual_out = ("w2.weight",)
+    parameter_roles = dict.fromkeys(("w1.weight", "w2.weight"), HIDDEN)
 
     def __init__(self, *, d_model: int, hidden_mult: float = 4.0, multiple_of: int = 1):
         super().__init__()

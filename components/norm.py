@@ -13,6 +13,7 @@ benchmarks/NOTES.md.
 import torch
 from torch import nn
 
+from ablate.core.contract import VECTOR
 from ablate.core.registry import register
 
 
@@ -23,6 +24,8 @@ class RMSNorm(nn.Module):
     Args:
         eps: added to the mean square before the square root
     """
+
+    parameter_roles = {"weight": VECTOR}  # a gain per channel (μP: ablate.core.contract)
 
     def __init__(self, *, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -44,6 +47,8 @@ class LayerNorm(nn.Module):
     Args:
         eps: added to the variance before the square root
     """
+
+    parameter_roles = {"weight": VECTOR}
 
     def __init__(self, *, dim: int, eps: float = 1e-5):
         super().__init__()

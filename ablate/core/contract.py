@@ -9,7 +9,7 @@ What the block injects (`INJECTED`): keyword arguments passed only if the constr
 
     attention:   d_model, head_dim, layer_idx (0-based), n_layers, position (the recipe's
                  `model.position` spec: build it with `registry.build("position", position, head_dim=...)`),
-                 backend (`model.attention_backend`)
+                 backend (`model.attention_backend`), head_ratio (μP's head-width ratio, below)
     norm:        dim
     ffn:         d_model
     position:    head_dim (the width of the vectors it rotates)
@@ -33,6 +33,24 @@ What a component may tell the engine (all optional; `Component` spells them out)
                               own words). Without it the columns read "?".
     lambda_value() -> Tensor  a 0-dim λ, logged per layer during training (`lambda/layer_XX`).
     attend_with_maps(...)     for attention: its maps and pre-softmax logits (below).
+    parameter_roles           {parameter name: role}: what each of its parameters is to the maximal update
+                              parametrization (`model.parametrization: mup`), one of `ROLES`:
+                              "input"  maps a fixed size to the width (an embedding);
+                              "hidden" maps the width to the width (q/k/v/out projections, FFN matrices);
+                              "output" maps the width to a fixed size (a readout, e.g. one gate per head);
+                              "vector" has at most one width dimension and no fan-in that grows with it
+                                       (norm gains, λ vectors, biases, scalars).
+                              Under `standard` it is never read. Under `mup` every parameter must have one
+                              (the engine refuses a component that leaves one out, in one line); the rules
+                              each role gets are written in `ablate.model.parametrization`.
+
+Width-dependent scales an attention applies itself. Under `mup` the block injects `head_ratio` (the
+component's head width over the base model's: `model.head_dim / base_head_dim`; 1.0 under `standard`).
+An attention that takes it multiplies its queries by head_ratio ** -0.5, so its logits are Q K^T / d
+times sqrt(d_base) (μP's 1/d rule, equal to 1/sqrt(d) at the base width), and multiplies any inner
+product of two learned width-d vectors (diff's λ re-parametrisation) by 1 / head_ratio. With head_ratio
+1.0 it must compute exactly what it computes without it. An attention that does not take `head_ratio` is
+refused under `mup` when the ratio is not 1.
 
 Attention analysis. An attention component that can be analysed implements
 
@@ -58,7 +76,7 @@ from torch import nn
 LogitTransform = Callable[[torch.Tensor], torch.Tensor]
 
 INJECTED: dict[str, tuple[str, ...]] = {
-    "attention": ("d_model", "head_dim", "layer_idx", "n_layers", "position", "backend"),
+    "attention": ("d_model", "head_dim", "layer_idx", "n_layers", "position", "backend", "head_ratio"),
     "norm": ("dim",),
     "ffn": ("d_model",),
     "position": ("head_dim",),
@@ -80,12 +98,18 @@ SOURCE = {
     "n_layers": "model.n_layers",
     "position": "model.position",
     "backend": "model.attention_backend",
+    "head_ratio": "model.parametrization",
 }
 CONSEQUENCE = {
     "position": "it trains without positional encoding",
     "layer_idx": "every layer is built the same",
     "backend": "it ignores the attention backend",
+    "head_ratio": "its logits keep 1/sqrt(d) under μP",
 }
+
+# The roles a parameter may have under the maximal update parametrization (module docstring).
+INPUT, HIDDEN, OUTPUT, VECTOR = "input", "hidden", "output", "vector"
+ROLES = (INPUT, HIDDEN, OUTPUT, VECTOR)
 
 
 # What `describe()` returns; every key optional. Attention: heads, width (the head width d of the Table 6
@@ -104,6 +128,7 @@ class Component(Protocol):
 
     residual_out: tuple[str, ...]
     init_std: Mapping[str, float]
+    parameter_roles: Mapping[str, str]
 
     def flops(self, seq_len: int) -> int: ...
 
@@ -121,6 +146,11 @@ def residual_out(module: nn.Module) -> tuple[str, ...]:
 def init_std(module: nn.Module) -> dict[str, float]:
     """Local parameter name -> std of its zero-mean normal initialisation, overriding the model's rule."""
     return dict(getattr(module, "init_std", None) or {})
+
+
+def parameter_roles(module: nn.Module) -> dict[str, str]:
+    """Local parameter name -> its μP role (`ROLES`), as the component declares it; `{}` if it declares none."""
+    return dict(getattr(module, "parameter_roles", None) or {})
 
 
 def describe(module: object) -> dict[str, Any]:

@@ -17,6 +17,8 @@ Initialisation (`DecoderLM.reset_parameters(seed)`), written down because paired
 - vectors (norm weights): ones.
 - parameters a component lists in `init_std` (diff attention's λ vectors): Normal(0, that std)
   (reference code: λ vectors Normal(0, 0.1)).
+- under `parametrization: mup` the same draws, each std scaled by its μP rule
+  (`ablate.model.parametrization`): the generators and the order are those of `standard`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ from torch import nn
 from ablate.core import contract, registry
 from ablate.core.config import load_section
 from ablate.core.errors import UserError
+from ablate.model import parametrization as param
+
+# Model keys added after runs were recorded: a run's key counts them only away from these defaults, so a
+# run recorded before them keeps its key (ablate.recipe.resolve.RunSpec.identity).
+MODEL_KEYS_ADDED_LATER = {"parametrization": "standard"}
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,8 @@ class ModelConfig:
         tie_embeddings: share the embedding and LM-head matrices
         init_std: standard deviation of the matrices' initialisation (GPT-2 / LLaMA 0.02)
         zero_init_residual: residual output projections start at zero (every variant starts as the same function)
+        parametrization: standard, or mup with its base shape: {name: mup, base_d_model, base_head_dim,
+            base_n_layers, depth: none | completep} (ablate.model.parametrization)
     """
 
     vocab_size: PositiveInt
@@ -67,10 +76,15 @@ class ModelConfig:
     tie_embeddings: bool = False
     init_std: float = 0.02
     zero_init_residual: bool = True
+    parametrization: Any = "standard"
 
     def __post_init__(self) -> None:
         if self.d_model % self.head_dim:
             raise UserError(f"model.head_dim: {self.head_dim} does not divide d_model {self.d_model}")
+        checked = param.parse(
+            self.parametrization, d_model=self.d_model, head_dim=self.head_dim, n_layers=self.n_layers
+        )
+        object.__setattr__(self, "parametrization", param.as_spec(checked))
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], key: str = "model") -> ModelConfig:
@@ -84,7 +98,13 @@ class ModelConfig:
 class Block(nn.Module):
     """One pre-norm decoder block: attention and FFN, each behind a norm and a residual."""
 
-    def __init__(self, config: ModelConfig, layer_idx: int, make: Mapping[str, Callable[..., nn.Module]]):
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_idx: int,
+        make: Mapping[str, Callable[..., nn.Module]],
+        mults: param.Multipliers = param.STANDARD,
+    ):
         super().__init__()
         self.attn_norm = make["norm"](dim=config.d_model)
         self.attention = make["attention"](
@@ -94,11 +114,16 @@ class Block(nn.Module):
             n_layers=config.n_layers,
             position=config.position,
             backend=config.attention_backend,
+            head_ratio=mults.head_ratio,
         )
         self.ffn_norm = make["norm"](dim=config.d_model)
         self.ffn = make["ffn"](d_model=config.d_model)
+        self.branch_mult = mults.branch  # the depth rule's 1 / m_L (ablate.model.parametrization)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.branch_mult != 1.0:
+            x = x + self.branch_mult * self.attention(self.attn_norm(x))
+            return x + self.branch_mult * self.ffn(self.ffn_norm(x))
         x = x + self.attention(self.attn_norm(x))
         return x + self.ffn(self.ffn_norm(x))
 
@@ -106,11 +131,21 @@ class Block(nn.Module):
 class DecoderLM(nn.Module):
     """Embedding, `n_layers` pre-norm blocks, final norm, LM head (tied or untied)."""
 
+    # The model's own parameters' μP roles (ablate.core.contract); the components declare theirs.
+    parameter_roles = {"embed.weight": contract.INPUT, "lm_head.weight": contract.OUTPUT}
+
     def __init__(self, config: ModelConfig | Mapping[str, Any]):
         super().__init__()
         if not isinstance(config, ModelConfig):
             config = ModelConfig.from_dict(config)
         self.config = config
+        self.parametrization = param.parse(
+            config.parametrization, d_model=config.d_model, head_dim=config.head_dim, n_layers=config.n_layers
+        )
+        mults = param.multipliers(
+            self.parametrization, d_model=config.d_model, head_dim=config.head_dim, n_layers=config.n_layers
+        )
+        self.output_mult = mults.output  # μP's 1 / m_N on the LM head's input (ablate.model.parametrization)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         # Each component's spec is checked once here, then built for every layer.
         make = {
@@ -119,11 +154,18 @@ class DecoderLM(nn.Module):
                 "attention",
                 config.attention,
                 key="model.attention",
-                structure=("d_model", "head_dim", "layer_idx", "n_layers", "position", "backend"),
+                structure=contract.INJECTED["attention"],
             ),
             "ffn": registry.builder("ffn", config.ffn, key="model.ffn", structure=("d_model",)),
         }
-        self.blocks = nn.ModuleList(Block(config, i, make) for i in range(config.n_layers))
+        self.blocks = nn.ModuleList(Block(config, i, make, mults) for i in range(config.n_layers))
+        attention = type(self.blocks[0].attention)
+        if mults.head_ratio != 1.0 and "head_ratio" not in contract.consumed(attention, "attention"):
+            raise UserError(
+                f"model.attention: {attention.__qualname__} does not take head_ratio, so its logits cannot "
+                f"follow {param.KEY} mup's 1/d rule at head_dim {config.head_dim} (base "
+                f"{self.parametrization.base_head_dim}); accept head_ratio (ablate.core.contract)"
+            )
         self.final_norm = make["norm"](dim=config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -134,6 +176,8 @@ class DecoderLM(nn.Module):
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)
+        if self.output_mult != 1.0:
+            return self.lm_head(self.final_norm(x) * self.output_mult)
         return self.lm_head(self.final_norm(x))
 
     def components(self) -> list[tuple[str, nn.Module]]:
@@ -163,18 +207,27 @@ class DecoderLM(nn.Module):
             special.update({dot + name: std for name, std in contract.init_std(module).items()})
             residual.update(dot + name for name in contract.residual_out(module))
         std = self.config.init_std
-        for name, param in self.named_parameters():
+        p = self.parametrization
+        scales = (
+            {n: r.init for n, r in param.rules(self, param.base_model(self, p), p, eps=1.0).items()}
+            if p.mup
+            else {}
+        )
+        depth = p.base_n_layers if p.mup and p.depth == "completep" else self.config.n_layers
+        for name, weight in self.named_parameters():
             gen = torch.Generator(device="cpu").manual_seed(_name_seed(seed, name))
             if name in special:
-                value = torch.randn(param.shape, generator=gen) * special[name]
-            elif param.ndim == 1:
-                value = torch.ones(param.shape)
+                value = torch.randn(weight.shape, generator=gen) * special[name]
+            elif weight.ndim == 1:
+                value = torch.ones(weight.shape)
             elif name in residual and self.config.zero_init_residual:
-                value = torch.zeros(param.shape)
+                value = torch.zeros(weight.shape)
             else:
-                scale = std / math.sqrt(2 * self.config.n_layers) if name in residual else std
-                value = torch.randn(param.shape, generator=gen) * scale
-            param.copy_(value.to(param.dtype))
+                scale = std / math.sqrt(2 * depth) if name in residual else std
+                value = torch.randn(weight.shape, generator=gen) * scale
+            if name in scales and scales[name] != 1.0:
+                value = value * scales[name]
+            weight.copy_(value.to(weight.dtype))
 
 
 def _name_seed(seed: int, name: str) -> int:

@@ -62,7 +62,7 @@ from ablate.core.launcher import LauncherConfig
 from ablate.data.config import DataConfig, parse_data_config
 from ablate.data.task_batches import build_task, check_fits
 from ablate.data.tokenizers import vocab_size_of
-from ablate.model.decoder import ModelConfig
+from ablate.model.decoder import MODEL_KEYS_ADDED_LATER, ModelConfig
 from ablate.recipe.budgets import Budgets, budget_steps
 from ablate.recipe.matching import solve_matches
 
@@ -237,13 +237,18 @@ class RunSpec:
             if k not in without and (k not in KEYS_ADDED_LATER or v != KEYS_ADDED_LATER[k])
         }  # keys added later count only away from their defaults (ablate.core.config.KEYS_ADDED_LATER)
         data = {k: v for k, v in self.config["data"].items() if k != "repeat"}  # a permission, not the data
+        model = {
+            k: v
+            for k, v in self.config["model"].items()
+            if k not in MODEL_KEYS_ADDED_LATER or v != MODEL_KEYS_ADDED_LATER[k]
+        }
         ident = {
             "recipe": self.recipe,
             "variant": self.variant,
             "scale": self.scale,
             "seed": self.seed,
             "size": self.size,
-            "config": {**self.config, "train": train, "data": data},
+            "config": {**self.config, "model": model, "train": train, "data": data},
         }
         return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -3,7 +3,8 @@
 Optimiser (Appendix E): AdamW with the recipe's betas, eps and weight decay. Weight decay applies to the
 matrices (embedding, projections, LM head: every parameter with 2 or more dimensions); it does not apply
 to vectors: norm weights and diff attention's λ vectors (decaying λ would pull it towards λ_init's
-re-parameterised zero point, which the paper does not ask for).
+re-parameterised zero point, which the paper does not ask for). Under `model.parametrization: mup` each
+parameter's lr, decay and eps follow its μP rule instead (ablate.model.parametrization.param_groups).
 Schedule (`train.schedule`): linear warmup from 0 over `warmup_steps`, then either linear decay to `min_lr`
 at `steps` (`linear`, Appendix E) or warmup-stable-decay (`wsd`, Hägele et al. 2024, arXiv 2405.18392):
 constant until `cooldown_start`, then down to `min_lr` over the last `cooldown_fraction` of the steps,
@@ -33,6 +34,7 @@ from ablate.hardware.allocator import tune_glibc_malloc
 from ablate.hardware.machine import machine_description
 from ablate.hardware.precision import choose_precision, training_device
 from ablate.model.decoder import DecoderLM, attention_kernel, build_model
+from ablate.model.parametrization import param_groups
 from ablate.recipe.resolve import RunSpec
 from ablate.store import tracking
 from ablate.store.stores import Stores
@@ -190,13 +192,12 @@ class LMModule(L.LightningModule):
         self.sink(metrics, step)
 
     def configure_optimizers(self):
-        decay = [p for p in self.model.parameters() if p.ndim >= 2]
-        no_decay = [p for p in self.model.parameters() if p.ndim < 2]
+        # Standard: decay on 2+-dimensional parameters only; mup: per-group lrs (ablate.model.parametrization).
+        groups = param_groups(
+            self.model, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay, eps=self.cfg.eps
+        )
         optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": self.cfg.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
+            groups,
             lr=self.cfg.lr,
             betas=tuple(self.cfg.betas),
             eps=self.cfg.eps,

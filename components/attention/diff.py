@@ -4,6 +4,13 @@ Parameter layout is the reference's (docs/paper.md, Section 2.1), so its checkpo
 `q_proj` (d_model -> 2h d) and `k_proj` (d_model -> 2 h_kv d) hold interleaved sub-heads of width d
 (sub-head 2i is Q1 of head i, 2i+1 is Q2), `v_proj` (d_model -> h_kv 2d) holds heads of width 2d,
 `lambda_q1, lambda_k1, lambda_q2, lambda_k2` (d,), `subln.weight` (2d,), `out_proj` (d_model -> d_model).
+
+Under `model.parametrization: mup` (ablate.model.parametrization; the decisions in docs/parametrization.md):
+the four projections are hidden matrices; both sub-maps take μP's 1/d logit scale (each is an ordinary
+softmax over width-d sub-heads); λ's vectors are vector-like (Adam lr as at the base, no decay, the same
+Normal(0, lambda_std) init) and each inner product λq·λk, a sum over d coordinates of two learned vectors,
+is multiplied by d_base / d (the readout's 1/fan_in multiplier), so λ moves as much per step at every
+head width; the per-head norm's gain is a vector; (1 - λ_init) is a fixed number, the same at every width.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ablate.core.contract import AttentionMaps, LogitTransform
+from ablate.core.contract import HIDDEN, VECTOR, AttentionMaps, LogitTransform
 from ablate.core.errors import UserError
 from ablate.core.registry import build, register
 from components.attention import backends
@@ -36,6 +43,12 @@ class DiffAttention(nn.Module):
     """
 
     residual_out = ("out_proj.weight",)
+    # μP roles (ablate.core.contract; the decisions: docs/parametrization.md). The projections map width to
+    # width; λ's vectors have one width dimension (d); the per-head norm's gain is the RMSNorm's (a vector).
+    parameter_roles = {
+        **dict.fromkeys(("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight"), HIDDEN),
+        **dict.fromkeys(LAMBDAS, VECTOR),
+    }
     # The attention core's FLOPs under each way of running Eq. 1, relative to `flops` (Eq. 1 as written,
     # one product (A1 - λ A2) V); read by `ablate bench` for its ceilings. FlashDiffAttn_1/2: Appendix A.
     # The blockwise backend trains with a padded (2x) forward and a one-product (1x) backward: under the
@@ -56,6 +69,7 @@ class DiffAttention(nn.Module):
         n_layers: int = 1,
         position: Any = "rope",
         backend: str = "auto",
+        head_ratio: float = 1.0,
         n_kv_heads: int | None = None,
         per_head_norm: bool = True,
         lambda_init: Any = "exp_depth",
@@ -88,6 +102,10 @@ class DiffAttention(nn.Module):
         # Table 6 "- GroupNorm" removes only the norm, so the fixed (1 - λ_init) factor stays without it.
         self.subln = RMSNorm(dim=2 * d, eps=norm_eps) if per_head_norm else None
         self.position = build("position", position, key="model.position", head_dim=d)
+        # μP (ablate.core.contract, head_ratio): both maps' logits Q K^T / d (queries times head_ratio^-1/2),
+        # and λ's inner products λq·λk over d times 1 / head_ratio. 1.0 multiplies nothing.
+        self.q_scale = float(head_ratio) ** -0.5
+        self.lambda_dot_scale = 1.0 / float(head_ratio)
 
     @property
     def init_std(self) -> dict[str, float]:
@@ -104,6 +122,8 @@ class DiffAttention(nn.Module):
         """λ = exp(λq1·λk1) - exp(λq2·λk2) + λ_init (Eq. 2), a float32 0-dim tensor (with its graph)."""
         dot1 = torch.sum(self.lambda_q1.float() * self.lambda_k1.float())
         dot2 = torch.sum(self.lambda_q2.float() * self.lambda_k2.float())
+        if self.lambda_dot_scale != 1.0:  # μP: an inner product over the width d (module docstring of diff)
+            dot1, dot2 = dot1 * self.lambda_dot_scale, dot2 * self.lambda_dot_scale
         return torch.exp(dot1) - torch.exp(dot2) + self.lambda_init
 
     def forward(
@@ -158,6 +178,8 @@ class DiffAttention(nn.Module):
         d, h, h_kv = self.head_dim, self.n_heads, self.n_kv_heads
         q = self.position(self.q_proj(x).view(batch, n, 2 * h, d).transpose(1, 2))
         k = self.position(self.k_proj(x).view(batch, n, 2 * h_kv, d).transpose(1, 2))
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
         v = self.v_proj(x).view(batch, n, h_kv, 2 * d).transpose(1, 2)
         return q.unflatten(1, (h, 2)).transpose(1, 2), k.unflatten(1, (h_kv, 2)).transpose(1, 2), v
 

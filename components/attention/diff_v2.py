@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ablate.core.contract import AttentionMaps, LogitTransform
+from ablate.core.contract import HIDDEN, OUTPUT, AttentionMaps, LogitTransform
 from ablate.core.errors import UserError
 from ablate.core.registry import build, register
 from components.attention import backends
@@ -39,6 +39,11 @@ class DiffV2Attention(nn.Module):
     """
 
     residual_out = ("o_proj.weight",)
+    # μP roles (ablate.core.contract): λ_proj reads the residual stream out into one gate per head.
+    parameter_roles = {
+        **dict.fromkeys(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"), HIDDEN),
+        "lambda_proj.weight": OUTPUT,
+    }
 
     def __init__(
         self,
@@ -49,6 +54,7 @@ class DiffV2Attention(nn.Module):
         n_layers: int = 1,
         position: Any = "rope",
         backend: str = "auto",
+        head_ratio: float = 1.0,
         n_kv_heads: int | None = None,
         heads_mult: float = 1.0,
     ):
@@ -69,6 +75,7 @@ class DiffV2Attention(nn.Module):
         self.o_proj = nn.Linear(h * d, d_model, bias=False)
         self.lambda_proj = nn.Linear(d_model, h, bias=False)
         self.position = build("position", position, key="model.position", head_dim=d)
+        self.q_scale = float(head_ratio) ** -0.5  # μP's 1/d logits (ablate.core.contract)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B,2h,N,d) and k (B,h_kv,N,d), rotated, and v (B,h_kv,N,d)."""
@@ -76,6 +83,8 @@ class DiffV2Attention(nn.Module):
         d, h, h_kv = self.head_dim, self.n_heads, self.n_kv_heads
         q = self.position(self.q_proj(x).view(batch, n, 2 * h, d).transpose(1, 2))
         k = self.position(self.k_proj(x).view(batch, n, h_kv, d).transpose(1, 2))
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
         return q, k, self.v_proj(x).view(batch, n, h_kv, d).transpose(1, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ablate.core.contract import AttentionMaps, LogitTransform
+from ablate.core.contract import HIDDEN, AttentionMaps, LogitTransform
 from ablate.core.errors import UserError
 from ablate.core.registry import build, register
 from components.attention import backends
@@ -39,6 +39,10 @@ class SoftmaxAttention(nn.Module):
     """
 
     residual_out = ("out_proj.weight",)
+    # μP roles (ablate.core.contract); the per-head norm's gain is the RMSNorm's own (a vector).
+    parameter_roles = dict.fromkeys(
+        ("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight"), HIDDEN
+    )
 
     def __init__(
         self,
@@ -49,6 +53,7 @@ class SoftmaxAttention(nn.Module):
         n_layers: int = 1,
         position: Any = "rope",
         backend: str = "auto",
+        head_ratio: float = 1.0,
         head_dim_mult: int = 1,
         n_kv_heads: int | None = None,
         per_head_norm: bool = False,
@@ -76,6 +81,8 @@ class SoftmaxAttention(nn.Module):
         # Table 6 "+ GroupNorm": RMSNorm over each head's channels, one weight shared by the heads.
         self.subln = RMSNorm(dim=width, eps=norm_eps) if per_head_norm else None
         self.position = build("position", position, key="model.position", head_dim=width)
+        # μP's 1/d logits (ablate.core.contract, head_ratio): queries times head_ratio^-1/2; 1.0 multiplies nothing.
+        self.q_scale = float(head_ratio) ** -0.5
 
     def forward(
         self, x: torch.Tensor, *, return_weights: bool = False
@@ -118,6 +125,8 @@ class SoftmaxAttention(nn.Module):
         heads, kv, width = self.n_heads, self.n_kv_heads, self.head_width
         q = self.position(self.q_proj(x).view(batch, n, heads, width).transpose(1, 2))
         k = self.position(self.k_proj(x).view(batch, n, kv, width).transpose(1, 2))
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
         return q, k, self.v_proj(x).view(batch, n, kv, width).transpose(1, 2)
 
     def flops(self, seq_len: int) -> int:
