@@ -227,13 +227,12 @@ def rules(model: nn.Module, base: nn.Module, p: Parametrization, *, eps: float) 
 
 
 def base_model(model: nn.Module, p: Parametrization) -> nn.Module:
-    """`model`'s config at the base width (same depth), built on `meta`: only its shapes are read."""
-    from ablate.model.decoder import DecoderLM  # the decoder imports this module
-
+    """`model`'s config at the base width (same depth), built on `meta` by the model's own class: only its
+    shapes are read."""
     cfg = dataclasses.replace(model.config, d_model=p.base_d_model, head_dim=p.base_head_dim)
     try:
         with torch.device("meta"):
-            return DecoderLM(cfg)
+            return type(model)(cfg)
     except UserError as e:
         raise UserError(
             f"{KEY}: the base model (d_model {p.base_d_model}, head_dim {p.base_head_dim}) cannot be built: {e}"
