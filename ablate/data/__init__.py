@@ -9,7 +9,7 @@
       val_fraction: 0.05    # documents held out for validation
 
 Modules: `config` (the keys), `readers` (file formats, streamed), `hf_datasets` (saved and hub datasets),
-`corpus` (the by-document split, fingerprints), `tokenizers`, `shards` (the on-disk token format),
+`corpus` (the by-document split, fingerprints), `builtin_corpus` (pinned download corpora, built once into a shared cache), `tokenizers`, `shards` (the on-disk token format),
 `preprocess` (tokenizing into shards with every core, resumable), `tokens` (cache, `load_tokens`, `prepare`),
 `loader` (batches), `task_batches` (a task's samples as batches), `tasks/` (kind `task`).
 """

@@ -1,8 +1,8 @@
 """The recipe's `data:` section: a `DataConfig` whose types jsonargparse checks (`ablate.core.config.load_section`).
 
 data:
-  source: stdlib        # 'stdlib' | .txt | .jsonl(.gz/.zst) | .json.gz | .parquet | a folder of them
-                        #   | a datasets save_to_disk folder | a hub id (online) | a shard folder
+  source: stdlib        # 'stdlib' | 'pypi-sdists' (downloaded once) | .txt | .jsonl(.gz/.zst) | .json.gz
+                        #   | .parquet | a folder of them | a datasets save_to_disk folder | a hub id (online) | a shard folder
   tokenizer: byte       # byte | bpe | tiktoken | {name: bpe, vocab_size: 4096}
                         #   | {name: tiktoken, encoding: cl100k_base} | {name: hf, path: tokenizer.json}; for a shard folder: null
                         #   (the default there) takes the shards' tokenizer
@@ -42,7 +42,7 @@ class DataConfig:
     """The recipe's `data:` section.
 
     Attributes:
-        source: 'stdlib' (the running Python's standard library), a .txt, .jsonl(.gz/.zst), .json.gz or .parquet file, a folder of them, a datasets save_to_disk folder, a hub id (online only), or a shard folder
+        source: 'stdlib' (the running Python's standard library), 'pypi-sdists' (21 pinned PyPI sdists, downloaded once; ablate.data.builtin_corpus), a .txt, .jsonl(.gz/.zst), .json.gz or .parquet file, a folder of them, a datasets save_to_disk folder, a hub id (online only), or a shard folder
         tokenizer: byte, bpe, tiktoken or hf ({name: hf, path: tokenizer.json}), or {name: ..., <options>}; null: the shards' tokenizer (byte for text)
         text_key: the JSON field, parquet or datasets column that holds a document's text
         separator: text files: split each file into documents on this string (null: one document per file)
