@@ -34,7 +34,7 @@ from ablate.verbs.check import check
 from ablate.verbs.components import components
 from ablate.verbs.eval import evaluate
 from ablate.verbs.fit import fit
-from ablate.verbs.options import DEFAULT_WORKSPACE, PRINT_CONFIG, Shared, load
+from ablate.verbs.options import DEFAULT_WORKSPACE, Shared, load
 from ablate.verbs.prepare import prepare
 from ablate.verbs.report import report
 from ablate.verbs.status import status
@@ -61,6 +61,7 @@ VERBS: dict[str, Callable[..., int]] = {
     "server": server,
 }
 POSITIONAL = {"recipe"}  # every other parameter is a flag
+PRINT_CONFIG = ("--print_config", "--print-config")
 
 
 # --- the parser -------------------------------------------------------------------------------------------
@@ -158,7 +159,9 @@ def build_parser(verb: str | None = None):
         )
         if name == verb:
             _add_verb_arguments(sub, name)
-            if _takes_overrides(name) and not hasattr(fn, "flags_from"):  # bench: the recipe is a model's source
+            if _takes_overrides(name) and not hasattr(
+                fn, "flags_from"
+            ):  # bench: the recipe is a model's source
                 _add_recipe_help(sub)
         subcommands.add_subcommand(name, sub, help=_first_line(fn))
     return parser
@@ -281,7 +284,9 @@ def split_argv(verb: str, argv: list[str]) -> tuple[list[str], list[str], bool]:
         token = argv[i]
         name, eq, value = token.partition("=")
         if token in ("-h", "--help"):
-            named = getattr(VERBS[verb], "help_option", None)  # `ablate components --help diff`: --options diff
+            named = getattr(
+                VERBS[verb], "help_option", None
+            )  # `ablate components --help diff`: --options diff
             if named and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
                 known += [f"--{named}", argv[i + 1]]
                 i += 2

@@ -61,8 +61,8 @@ class SlurmOptions:
             name = str(line).partition("=")[0].strip()
             if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):
                 raise UserError(
-                    f"launcher.slurm.sbatch_lines[{i}]: {line!r} does not start with an sbatch option's name "
-                    "(letters, digits, - and _); write it as key=value, e.g. constraint=a100"
+                    f"launcher.slurm.sbatch_lines: {line!r} is not key=value; write sbatch's long option without "
+                    "its dashes (constraint=a100, exclusive)"
                 )
 
 

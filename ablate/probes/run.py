@@ -1,4 +1,4 @@
-"""`ablate eval RECIPE`: probes (kind `probe`) on the finished runs of a recipe's sweep, logged to the same runs.
+"""Probes (kind `probe`) on the finished runs of a recipe's sweep, logged to the same runs (`ablate eval`).
 
 Where the runs come from: the sweep's Optuna study (`<recipe>[-<scale>]`), one record per planned run (a
 retry replaces the attempt it retries), as `ablate report` and `ablate fit` read it; each COMPLETE trial
@@ -22,8 +22,8 @@ Results: MLflow metrics `probe/<probe>/<name>` (step 0) of the run, and the tags
 A probe's metrics and its tag go in one request, the tag last (MLflow's SQL store commits a batch's
 metrics before its tags): a tagged probe has all its metrics, a run killed mid-eval keeps every probe it
 finished, and a re-run probes exactly what has no tag. (A kill in the instant between those two commits
-leaves untagged metrics that the re-run logs once more, at the same step 0.) Afterwards the report is rewritten (`ablate.report.write.write_report`, which adds the probe tables and
-plots of `ablate.report.probes`) and attached to the sweep's MLflow parent run.
+leaves untagged metrics that the re-run logs once more, at the same step 0.) Afterwards `ablate eval`
+rewrites the report (which adds the probe tables and plots of `ablate.report.probes`).
 """
 
 from __future__ import annotations
@@ -243,66 +243,6 @@ def finished_runs(ctx: Any, study: Any, client: Any) -> tuple[list[tuple[RunSpec
             continue
         runs.append((run, run_id))
     return runs, left_out
-
-
-def run_eval(
-    recipe: Recipe,
-    stores: Stores,
-    *,
-    scale: str | None = None,
-    probes: list[Any] | None = None,
-    checkpoint: str | None = None,
-    reports: Path | None = None,
-    tokens: int | None = None,
-) -> EvalSummary:
-    """Probe every finished run of `recipe`'s sweep at `scale` (see the module doc), then rewrite the report.
-    A second call with the same settings probes nothing and leaves the report as it is."""
-    from ablate.report.write import write_report
-    from ablate.store.study import finished_sweep, report_folder
-
-    scale = scale or recipe.default_scale
-    settings = eval_settings(recipe, scale, probes=probes, checkpoint=checkpoint, tokens=tokens)
-    built = build_probes(settings)
-    ctx, study, client = finished_sweep(recipe, scale, stores, "eval")
-    runs, left_out = finished_runs(ctx, study, client)
-    ctx.seeds = sorted({run.seed for run, _ in runs}) or recipe.seeds
-    summary = EvalSummary(left_out=left_out)
-    if not runs:
-        raise UserError(
-            f"eval: no finished runs in study {ctx.study_name!r}"
-            + (f" ({'; '.join(left_out)})" if left_out else "")
-            + "; finish the sweep first"
-        )
-    for run, run_id in runs:
-        try:
-            done, skipped = probe_run(run, run_id, built, settings, workspace=stores.workspace, client=client)
-        except FileNotFoundError as e:
-            summary.left_out.append(f"{run.name}: {e}")
-            print(f"[eval] {run.name}: left out: {e}", flush=True)
-            continue
-        summary.probed += [f"{run.name}: {n}" for n in done]
-        summary.skipped += [f"{run.name}: {n}" for n in skipped]
-        if done:
-            print(
-                f"[eval] {run.name}: probed {', '.join(done)}"
-                + (f" (already had {', '.join(skipped)})" if skipped else ""),
-                flush=True,
-            )
-    folder = report_folder(ctx, reports)
-    if summary.probed or not (folder / "probes.md").exists():
-        summary.report = write_report(ctx, study, folder)
-        if (folder / "probes.md").exists():
-            print(f"[eval] {folder / 'probes.md'}\n\n{(folder / 'probes.md').read_text()}", flush=True)
-    else:
-        summary.report = folder
-        print(
-            f"[eval {ctx.study_name}] every run already probed with these settings "
-            f"({len(summary.skipped)} run x probe pairs); nothing to do",
-            flush=True,
-        )
-    for line in summary.left_out:
-        print(f"[eval] left out: {line}", flush=True)
-    return summary
 
 
 def probe_after_trial(recipe: Recipe, run: RunSpec, run_id: str, stores: Stores) -> list[str]:

@@ -1,4 +1,4 @@
-"""`ablate check`: every variant's shape and cost, and whether they are matched within tolerance.
+"""Every variant's shape and cost, and whether they are matched within tolerance (what `ablate check` prints).
 
 Below the table it says how each row's FLOPs were counted, the knob values solved by `match:`, and every
 recipe choice injected into components (`ablate.core.contract.COMPARED`) that a row's component does not take
@@ -12,7 +12,6 @@ from typing import Any
 
 from ablate.core import contract, registry
 from ablate.core.config import Tolerance
-from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table, si
 from ablate.model.cost import Budget, attention_shape, model_budget, relative_deviation
 from ablate.model.decoder import ModelConfig
@@ -180,25 +179,3 @@ def _source(name: str, model: ModelConfig) -> str:
         "backend": lambda: model.attention_backend,
     }.get(name, lambda: getattr(model, where.split(".")[-1], None))()
     return f"{where} ({value})" if value is not None else where
-
-
-def run_check(recipe: Recipe, scale: str | None, allow_unmatched: bool = False) -> str:
-    """Print-ready report (table, then notes); raises UserError when a variant is beyond the recipe's tolerance."""
-    costs = variant_costs(recipe, scale)
-    table, unmatched = check_table(costs, recipe.tolerance)
-    notes = [
-        flops_note(costs),
-        *solved_notes(recipe, costs),
-        *structure_differences(costs),
-        *warmup_notes(costs),
-    ]
-    report = table + "\n\n" + "\n".join(notes)
-    if unmatched and not allow_unmatched:
-        tol = recipe.tolerance
-        print(report)
-        raise UserError(
-            f"variants.{unmatched[0]}: params or FLOPs per token differ from the first variant by more than "
-            f"the tolerance (params {tol.params:.0%}, flops {tol.flops:.0%}): {', '.join(unmatched)}; "
-            "match them, raise `tolerance:` in the recipe, or pass --allow-unmatched"
-        )
-    return report

@@ -214,6 +214,53 @@ def finished_run(client: Any, record: Any, params_count: str) -> FinishedRun:
     )
 
 
+def finished_runs_of(ctx: Any, client: Any, records: list, params_count: str) -> list[Any]:
+    """The finished runs to fit, in the recipe's row order; one line when none, or one arch only."""
+    from ablate.store.study import sweep_hint
+
+    finished = [r for r in records if r.state == "finished" and r.run_id]
+    if not finished:
+        states = ", ".join(f"{n} {s}" for s, n in count_by(r.state for r in records).items()) or "no trials"
+        raise UserError(
+            f"fit: no finished runs of {ctx.recipe.name} at scale {ctx.scale} (study {ctx.study_name!r}: "
+            f"{states}); run {sweep_hint(ctx)} first"
+        )
+    order = list(ctx.recipe.variants)
+    runs = [finished_run(client, r, params_count) for r in finished]
+    runs.sort(key=lambda r: (order.index(r.arch) if r.arch in order else len(order), r.params, r.seed))
+    archs = list(dict.fromkeys(r.arch for r in runs))
+    if len(order) >= 2 and len(archs) < 2:
+        missing = [v for v in order if v not in archs]
+        raise UserError(
+            f"fit: an equal-loss ratio needs two architectures, but only {archs[0]!r} has finished "
+            f"runs ({', '.join(missing)}: none); finish the sweep with {sweep_hint(ctx)}"
+        )
+    return runs
+
+
+def fit_source(ctx: Any, stores: Any, runs: list, records: list, points: list, params_count: str) -> dict:
+    """fit.json's `source` and `runs`: where the points came from."""
+    left_out = [r for r in records if not (r.state == "finished" and r.run_id)]
+    return {
+        "source": {
+            "recipe": ctx.recipe.name,
+            "recipe_path": str(ctx.recipe.path),
+            "scale": ctx.scale,
+            "study": ctx.study_name,
+            "workspace": str(stores.workspace),
+            "params_count": params_count,
+            "params_tag": PARAMS_TAGS[params_count],
+            "points": len(points),
+            "runs_finished": len(runs),
+            "runs_left_out": [
+                {"variant": r.variant, "size": r.size, "seed": r.seed, "state": r.state, "reason": r.reason}
+                for r in left_out
+            ],
+        },
+        "runs": [run_dict(r) for r in runs],
+    }
+
+
 def data_note(runs: list[FinishedRun]) -> str:
     """'Data: <split> training tokens; the runs make <passes> over them ...' ('' when not recorded)."""
     from ablate.report.checks import usage_summary

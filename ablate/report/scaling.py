@@ -1,4 +1,4 @@
-"""`ablate fit` over a size x budget grid (Figure 3 of Differential Transformer): the report folder.
+"""A size x budget grid's fit (Figure 3 of Differential Transformer, through `ablate fit`): the report folder.
 
 A grid is a study with several sizes and token budgets (ablate.recipe.budgets): per size, arm and seed one
 run to the largest budget, each smaller budget a cooldown branched off it, so every (size, budget) point

@@ -1,4 +1,4 @@
-"""`ablate report`: write a finished sweep's report folder, every part of it, and attach it to MLflow.
+"""A finished sweep's report folder, every part of it, written and attached to MLflow (`ablate report`).
 
 The table and its checks come from `ablate.report.table`; the probe sections (`ablate.report.probes`),
 a task recipe's tables (`ablate.report.tasks`) and a budgeted study's trend (`ablate.report.budgets`) are

@@ -1,4 +1,4 @@
-"""`ablate server`: one MLflow tracking server that workers on many machines log to.
+"""One MLflow tracking server that workers on many machines log to (`ablate server`), and the UI (`ablate ui`).
 
 The server keeps runs in a SQL backend store (PostgreSQL for many machines; SQLite in the workspace by
 default) and serves artifacts itself (`--serve-artifacts`): workers upload through HTTP into one folder

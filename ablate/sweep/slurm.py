@@ -1,4 +1,4 @@
-"""`--launcher slurm`: a sweep's workers as one Slurm job array, submitted through submitit.
+"""The Slurm launcher: a sweep's workers as one Slurm job array, submitted through submitit.
 
 Each array task is one `ablate worker` (the same arguments a local worker gets), run in-process by
 `run_worker` on the node with this interpreter (submitit starts `sys.executable` there), pulling trials
@@ -9,7 +9,7 @@ Slurm's warning signal (USR2, `signal_delay_s` before the time limit, or sent by
 for a preemption) is caught by `ablate.sweep.preemption`: the running trial saves its checkpoint at its
 current step and is handed back to the study, then the task requeues itself (`scontrol requeue`) and its
 next start (or any other worker) resumes the trial from that step. A task killed with no warning leaves its
-trial RUNNING; the study's liveness rule (`ablate.sweep.run.is_stale`) retries it.
+trial RUNNING; the study's liveness rule (`ablate.sweep.queue.is_stale`) retries it.
 
 A worker of several tasks (`tasks_per_node` x `nodes_per_worker`, for DDP trials of that many processes):
 srun starts every task; task 0 is the `ablate worker` and the others follow it, training each of its runs
@@ -25,6 +25,7 @@ is read from the study, which knows more (`ablate status`).
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
@@ -37,6 +38,8 @@ from typing import Any
 from ablate.core.errors import UserError
 from ablate.core.launcher import SlurmOptions
 from ablate.store.study import SweepContext
+
+ENTRY_POINT = "ablate.cli:main"  # what each array task runs: the `ablate` command line, in-process
 
 
 @dataclass(frozen=True)
@@ -77,15 +80,11 @@ def check_slurm(options: SlurmOptions) -> int:
 
 
 def sbatch_extras(options: SlurmOptions) -> dict[str, Any]:
-    """`sbatch_lines` (`key=value`, or a bare `key` for a flag) as submitit's additional parameters."""
+    """`sbatch_lines` (`key=value`, or a bare `key` for a flag; checked by SlurmOptions) as submitit's
+    additional parameters."""
     extra: dict[str, Any] = {}
     for line in options.sbatch_lines:
         key, eq, value = line.partition("=")
-        if not key.strip() or key.strip().startswith("-"):
-            raise UserError(
-                f"launcher.slurm.sbatch_lines: {line!r} is not key=value; write sbatch's long option without "
-                "its dashes (constraint=a100, exclusive)"
-            )
         extra[key.strip().replace("-", "_")] = value.strip() if eq and value.strip() else True
     return extra
 
@@ -124,11 +123,9 @@ def check_tasks(ctx: SweepContext, options: SlurmOptions) -> None:
             )
 
 
-def submit_workers(
-    ctx: SweepContext, workers: int, options: SlurmOptions, main: Callable[[list[str]], int], argv: list[str]
-) -> Submitted:
-    """Submit `workers` array tasks, each running `main(argv)`: `ablate.cli.main` (handed down by the verb,
-    which this layer does not import) with an `ablate worker` command line."""
+def submit_workers(ctx: SweepContext, workers: int, options: SlurmOptions, argv: list[str]) -> Submitted:
+    """Submit `workers` array tasks, each running the command line's entry point (`ENTRY_POINT`, named,
+    not imported: this layer is below it) with an `ablate worker` command line."""
     import submitit
 
     folder = ctx.stores.workspace.resolve() / "slurm"
@@ -156,7 +153,7 @@ def submit_workers(
         parameters["mem"] = f"{options.mem_gb}GB"
     executor.update_parameters(**parameters)
     try:
-        jobs = executor.map_array(SlurmWorker(main, list(argv), str(folder / "ranks")), range(workers))
+        jobs = executor.map_array(SlurmWorker(ENTRY_POINT, list(argv), str(folder / "ranks")), range(workers))
     except Exception as e:  # sbatch refused (unknown partition, account, option): the user's to fix
         raise UserError(
             f"--launcher: slurm: sbatch refused the job array: {' '.join(str(e).split())[:400]}"
@@ -170,12 +167,13 @@ class SlurmWorker:
     """One array task, pickled by submitit and called on the node with the task's index: `ablate worker`,
     requeued when Slurm warns (ablate.sweep.preemption)."""
 
-    main: Callable[[list[str]], int]
+    entry_point: str  # "module:function", called with the argv
     argv: list[str]
     ranks: str | None = None  # where task 0 of a multi-task worker hands its runs to the other tasks
 
     def __call__(self, index: int) -> int:
-        return run_worker(self.main, self.argv, self.ranks)
+        module, function = self.entry_point.split(":")
+        return run_worker(getattr(importlib.import_module(module), function), self.argv, self.ranks)
 
 
 def tasks_of(options: SlurmOptions) -> int:
@@ -217,26 +215,30 @@ def run_worker(main: Callable[[list[str]], int], argv: list[str], ranks: str | N
     return code
 
 
-def launch(
+def start(
     ctx: SweepContext,
     workers: int,
-    options: SlurmOptions,
-    main: Callable[[list[str]], int],
+    *,
     overrides_argv: list[str],
-    wait: bool,
-) -> Callable[[Any], bool]:
+    wait: bool = False,
+    after_trial: Any = None,
+) -> Callable[[Any, Any], bool]:
     """Check Slurm and the stores now; return what submits the worker array for a study (and, with
-    `wait`, waits for its trials: True when they all finished, for the caller to report)."""
+    `wait`, waits for its trials: True when they all finished, for the caller to report). Each array task
+    builds its own `after_trial` from the recipe, as every `ablate worker` does."""
+    options = ctx.recipe.file.launcher.slurm
     sbatch_extras(options)  # a malformed line is refused now, before anything is enqueued
     check_tasks(ctx, options)
     check_cluster_stores(ctx, check_slurm(options))
 
-    def submit(study: Any) -> bool:
+    def submit(study: Any, storage: Any = None) -> bool:
         from ablate.store import tracking
-        from ablate.sweep.run import worker_argv
+        from ablate.sweep.worker import worker_argv
 
         tracking.ensure_workspace(ctx.stores.workspace)  # one line now, not in every array task's log
-        done = submit_workers(ctx, workers, options, main, worker_argv(ctx, overrides_argv))
+        argv, env = worker_argv(ctx, overrides_argv)
+        os.environ.update(env)  # sbatch exports this environment to the tasks: a password travels there
+        done = submit_workers(ctx, workers, options, argv)
         print(
             f"[sweep {ctx.study_name}] submitted Slurm job array {done.job_id} ({workers} workers: "
             f"{', '.join(done.tasks)}); follow it with `squeue -j {done.job_id}` and `ablate status` "

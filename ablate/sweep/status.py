@@ -1,4 +1,4 @@
-"""`ablate status`: how far a sweep is, read from its study and, for running trials, their MLflow runs
+"""How far a sweep is (`ablate status`), read from its study and, for running trials, their MLflow runs
 (nothing written).
 
 Trials by plan: finished, running (where: host, Slurm job, devices, last heartbeat), waiting and failed

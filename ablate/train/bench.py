@@ -1,4 +1,4 @@
-"""`ablate bench`: training and forward throughput, peak memory and MFU of a recipe's variants, in one run.
+"""Training and forward throughput, peak memory and MFU of a recipe's variants, in one run (`ablate bench`).
 
 What is measured, per variant and sequence length (the recipe's model at `scale`; each step holds
 `tokens_per_step` tokens, as max(1, tokens_per_step // seq_len) sequences, unless `batch_size` is given:
@@ -54,21 +54,20 @@ import torch.nn.functional as F
 from ablate.core.errors import UserError
 from ablate.core.registry import closest
 from ablate.core.tables import format_seconds, markdown_table
-from ablate.hardware.allocator import tune_glibc_malloc
-from ablate.hardware.device import CpuOps, DeviceOps, device_ops
-from ablate.hardware.precision import autocast, choose_precision, compute_dtype
+from ablate.hardware.device import CpuOps, DeviceOps
+from ablate.hardware.precision import autocast
 from ablate.model.cost import model_budget
 from ablate.model.decoder import ModelConfig, attention_kernel, build_model
-from ablate.recipe.resolve import load_recipe
-from components.attention.backends import check_backend
+from ablate.train.bench_defaults import (  # noqa: F401 (the bench's defaults, read through this module too)
+    PEAK_BUDGET_S,
+    PEAK_MAX_SIZE,
+    PRECISIONS,
+    STANDARD_SEQ_LENS,
+    TOKENS_PER_STEP,
+)
 
 COLUMNS = ("variant", "seq_len", "train_tok_s", "fwd_tok_s", "peak_mem_mb", "mfu")
 DISTURBED = 0.05  # share of the machine's CPU used by other processes above which a timing is retaken
-STANDARD_SEQ_LENS = (512, 1024, 2048, 4096)  # with the scale's own training length, the default rows
-TOKENS_PER_STEP = 4096  # 8 x 512 ... 1 x 4096: the default step
-PRECISIONS = ("auto", "bf16-mixed", "16-mixed", "32-true")  # what `ablate bench` runs (autocast or none)
-PEAK_BUDGET_S = 2.0  # seconds per matmul-peak measurement (one per dtype and round)
-PEAK_MAX_SIZE = 4096  # largest square GEMM of the peak measurement
 PEAK_SUSPECT = "n/a (peak suspect)"
 
 
@@ -121,87 +120,38 @@ def default_seq_lens(recipe: Any) -> list[int]:
     return sorted({*STANDARD_SEQ_LENS, *(run.train.seq_len for run in recipe.runs)})
 
 
-def run_bench(
-    recipe_path: str,
-    scale: str = "small",
-    variants: Sequence[str] = ("transformer", "diff"),
-    seq_lens: Sequence[int] | None = None,
-    rounds: int = 3,
-    out: str = "reports/bench",
-    batch_size: int | None = None,
-    *,
-    tokens_per_step: int = TOKENS_PER_STEP,
-    overrides: Sequence[tuple[str, Any]] = (),
-    backend: str | None = None,
-    compile: bool = False,
-    device: str | None = None,
-    precision: str = "auto",
-    tune_malloc: bool = True,
-    retries: int = 2,
-    peak_budget_s: float = PEAK_BUDGET_S,
-    peak_max_size: int = PEAK_MAX_SIZE,
-    ops: DeviceOps | None = None,
-    echo: bool = True,
-) -> Path:
-    """Measure, write `<out>/bench.csv`, `bench.md` and `bench.png` (where matplotlib is installed);
-    returns the folder.
-
-    `overrides`: dotted recipe overrides, as the other verbs take them; `backend` overrides every arm's
-    `attention_backend`; `compile` wraps each model in `torch.compile` (as `train.compile` does);
-    `device`: "cpu", "cuda", "cuda:N" (default: CUDA when present); `precision`: "auto" (the device's
-    rule, `ablate.hardware.precision`) or one of `PRECISIONS`; `tune_malloc` keeps freed memory in glibc's heap
-    (`tune_glibc_malloc`); `retries`: a measurement during which other processes used more than
-    `DISTURBED` of the CPU is taken again, up to this many times; `peak_budget_s` and `peak_max_size`
-    bound each matmul-peak measurement in time and size; `ops`: the device's clock and memory peak
-    (default: `device_ops(device)`; tests pass a stand-in); `echo`: print progress and the tables.
-    """
-    variants = list(variants)
-    if seq_lens is None:
-        seq_lens = default_seq_lens(load_recipe(recipe_path, list(overrides), scale=scale))
-    seq_lens = [int(n) for n in seq_lens]
-    checked = [
-        ("--rounds", rounds),
-        ("--tokens-per-step", tokens_per_step),
-        *(("--seq-lens", n) for n in seq_lens),
-    ]
-    for key, value in checked + ([("--batch-size", batch_size)] if batch_size is not None else []):
-        if value < 1:
-            raise UserError(f"{key}: expected a positive integer, got {value}")
-    if not variants or not seq_lens:
-        raise UserError("--variants and --seq-lens: give at least one each")
-    if backend is not None:
-        check_backend(backend, key="--backend")
-    if precision not in PRECISIONS:
-        raise UserError(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
-    if not peak_budget_s > 0 or peak_max_size < 1:
-        raise UserError(
-            f"peak_budget_s, peak_max_size: expected positive, got {peak_budget_s}, {peak_max_size}"
-        )
-    ops = ops or device_ops(device)
-    chosen, why = choose_precision(precision, ops.device, key="--precision")
-    recipe = load_recipe(recipe_path, list(overrides), scale=scale)
+def bench_configs(recipe: Any, variants: list[str], backend: str | None) -> dict[str, ModelConfig]:
+    """Each variant's model config (a recipe with a sizes axis: its first size), with `backend` for every
+    arm when given."""
     for key in variants:
         if key not in recipe.variants:
             raise UserError(
                 f"--variants: unknown variant {key!r}{closest(key, recipe.variants)}; "
                 f"variants of {recipe.name}: {', '.join(recipe.variants)}"
             )
-    say = _printer(echo)
-    say(f"precision: {chosen} ({why})")
     runs: dict[str, Any] = {}
     for run in recipe.runs_for([0], variants=variants):
-        runs.setdefault(run.variant, run)  # a recipe with a sizes axis: its first size
-    malloc = tune_glibc_malloc() if tune_malloc else "glibc malloc defaults"
-    load_before = os.getloadavg()
-    foreign = ForeignCpu()
-    configs = {}
-    for variant in variants:
-        config = runs[variant].model
-        configs[variant] = config if backend is None else replace(config, attention_backend=backend)
+        runs.setdefault(run.variant, run)
+    return {
+        v: runs[v].model if backend is None else replace(runs[v].model, attention_backend=backend)
+        for v in variants
+    }
 
-    arms, models = [], {}
-    for variant in variants:  # one model and optimizer per variant, shared by its sequence lengths
-        model = build_model(configs[variant], seed=0).to(ops.device)
+
+def build_arms(
+    configs: dict[str, ModelConfig],
+    seq_lens: Sequence[int],
+    ops: DeviceOps,
+    precision: str,
+    *,
+    compile: bool,
+    batch_size: int | None,
+    tokens_per_step: int,
+) -> tuple[list[Arm], dict[str, tuple]]:
+    """One model and optimizer per variant, shared by its sequence lengths; one arm per (length, variant)."""
+    models = {}
+    for variant, config in configs.items():
+        model = build_model(config, seed=0).to(ops.device)
         decay = [p for p in model.parameters() if p.ndim >= 2]
         rest = [p for p in model.parameters() if p.ndim < 2]
         optimizer = torch.optim.AdamW(
@@ -209,18 +159,36 @@ def run_bench(
             lr=1e-5,  # tiny: the weights barely move, so every round times the same model
             fused=True,
         )
-        runnable = torch.compile(model) if compile else model
-        models[variant] = (model, runnable, optimizer)
+        models[variant] = (model, torch.compile(model) if compile else model, optimizer)
     generator = torch.Generator().manual_seed(0)
+    arms = []
     for n in seq_lens:
-        for variant in variants:
-            model, runnable, optimizer = models[variant]
-            vocab = configs[variant].vocab_size
+        for variant, config in configs.items():
+            _, runnable, optimizer = models[variant]
             batch = batch_size or max(1, tokens_per_step // n)
-            tokens = torch.randint(0, vocab, (batch, n + 1), generator=generator).to(ops.device)
-            flops = model_budget(configs[variant], n).fwd_flops_per_token
-            arms.append(Arm(variant, n, runnable, optimizer, tokens, flops, chosen, ops))
+            tokens = torch.randint(0, config.vocab_size, (batch, n + 1), generator=generator).to(ops.device)
+            flops = model_budget(config, n).fwd_flops_per_token
+            arms.append(Arm(variant, n, runnable, optimizer, tokens, flops, precision, ops))
+    return arms, models
 
+
+def measure(
+    arms: list[Arm],
+    rounds: int,
+    dtypes: list[torch.dtype],
+    ops: DeviceOps,
+    say: Callable[[str], None],
+    *,
+    retries: int,
+    peak_budget_s: float,
+    peak_max_size: int,
+) -> tuple[dict[torch.dtype, float], int]:
+    """Warm every arm up, then time `rounds` interleaved rounds (each with a matmul peak per dtype) and
+    every arm's memory peak; returns the peaks and how many timings were taken again (disturbed)."""
+    if not peak_budget_s > 0 or peak_max_size < 1:
+        raise UserError(
+            f"peak_budget_s, peak_max_size: expected positive, got {peak_budget_s}, {peak_max_size}"
+        )
     progress = Progress(arms, rounds, ops.now, say)
     for i, arm in enumerate(arms):  # warm-up: allocator, kernels' first calls (and compilation)
         start = ops.now()
@@ -228,7 +196,6 @@ def run_bench(
             train_step(arm)
             forward_step(arm)
         progress.warmed_up(arm, ops.now() - start)
-    dtypes = list(dict.fromkeys([compute_dtype(chosen), torch.float32]))  # the dtype that ran, then float32
     peaks: dict[torch.dtype, float] = {}
     repeated = 0
     for k in range(rounds):
@@ -253,12 +220,19 @@ def run_bench(
             f"[bench] peak memory {i + 1}/{len(arms)}: {arm.variant} seq_len {arm.seq_len}, "
             f"{arm.peak_bytes / 2**20:,.0f} MB"
         )
-    load_after = os.getloadavg()
-    foreign_share = foreign.fraction()
+    return peaks, repeated
 
-    folder = Path(out)
+
+def write_results(
+    folder: Path, arms: list[Arm], configs: dict[str, ModelConfig], models: dict, context: dict
+) -> str:
+    """bench.csv, bench.md, ratios.csv and bench.png (where matplotlib is installed) into `folder`;
+    returns bench.md's text. `context`: what the tables say about the run (recipe, scale, step, precision,
+    peaks, device, rounds, compile, loads, malloc, foreign share, retakes)."""
+    variants, ops, dtypes = list(configs), context["ops"], context["dtypes"]
+    seq_lens = list(dict.fromkeys(a.seq_len for a in arms))
     folder.mkdir(parents=True, exist_ok=True)
-    rows = _rows(arms, peaks[dtypes[0]])
+    rows = _rows(arms, context["peaks"][dtypes[0]])
     _write_csv(rows, folder / "bench.csv")
     ceilings = {
         v: {n: flop_ceilings(configs[variants[0]], configs[v], n) for n in seq_lens} for v in variants[1:]
@@ -267,36 +241,33 @@ def run_bench(
         (a.variant, a.seq_len): attention_kernel(models[a.variant][0], ops.device, dtypes[0], a.seq_len)
         for a in arms
     }
-    backends_used = {v: _kernels_by_length(v, kernel_at) for v in variants}
     text = _markdown(
-        recipe.name,
-        scale,
-        f"{batch_size} sequences per step" if batch_size else f"{tokens_per_step} tokens per step",
+        context["recipe"],
+        context["scale"],
+        context["step"],
         rows,
-        (chosen, why, dtypes[0]),
-        peaks,
+        (context["precision"], context["why"], dtypes[0]),
+        context["peaks"],
         ceilings,
-        backends_used,
-        (ops.describe(), rounds, compile),
-        (load_before, load_after),
-        malloc,
-        (foreign_share, repeated),
+        {v: _kernels_by_length(v, kernel_at) for v in variants},
+        (ops.describe(), context["rounds"], context["compile"]),
+        context["loads"],
+        context["malloc"],
+        (context["foreign"], context["repeated"]),
     )
     (folder / "bench.md").write_text(text)
-    ratio_rows = ratios(rows, variants, kernel_at, ceilings)
-    _write_rows(ratio_rows, folder / "ratios.csv")
+    _write_rows(ratios(rows, variants, kernel_at, ceilings), folder / "ratios.csv")
     if importlib.util.find_spec("matplotlib") is not None:
         _plot(rows, variants, ceilings, folder / "bench.png")
     else:  # a GPU image without it (benchmarks/device): the tables are the results, the figure is not
-        say("bench.png not drawn: matplotlib is not installed")
-    say(text)
-    return folder
+        context["say"]("bench.png not drawn: matplotlib is not installed")
+    return text
 
 
 # --- progress ------------------------------------------------------------------------------------------
 
 
-def _printer(echo: bool) -> Callable[[str], None]:
+def printer(echo: bool) -> Callable[[str], None]:
     def say(line: str) -> None:
         if echo:
             print(line, flush=True)  # flushed: a person (or a log file) sees each line as it happens

@@ -26,8 +26,8 @@ from ablate.train.bench import (
     flop_ceilings,
     matmul_peak,
     model_flop_utilization,
-    run_bench,
 )
+from ablate.verbs.bench import run_bench
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "table6.yaml"
 TINY_PEAK = {"peak_budget_s": 0.05, "peak_max_size": 256}  # seconds, not minutes, where bf16 is emulated

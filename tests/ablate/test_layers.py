@@ -2,8 +2,11 @@
 
 Every `import` in the engine (module level or inside a function: a lazy import is still a dependency) is
 read with `ast`; `from pkg import name` counts as importing the module `pkg.name` where that is a module.
-Three rules:
+Four rules:
 - a sub-package imports its own modules or those of a sub-package below it, never one above (`LAYERS`);
+- some layers never import some below them either (`NEVER`): the sweep hands its workers an after-trial
+  callback and its verb writes the report, so the sweep library knows neither probes nor reports; probes
+  are measurements, reports read them; training names no component (it builds what the registry holds);
 - no import circle anywhere, between modules of one sub-package either;
 - a component (`components/`) imports from the engine only `ablate.core.registry`, `.contract`, `.errors`.
 """
@@ -20,8 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # The folders of ablate/, top to bottom: the way a recipe's data flows, read upwards. (README: "Where
 # things live" says what each holds.) A sub-package imports its own layer or lower ones.
 LAYERS: list[str] = [
-    "cli",  # the verbs
-    "sweep",  # many trials: plan, claim, run, report
+    "cli",  # argv -> a verb
+    "verbs",  # one module per verb: its options and its orchestration
+    "sweep",  # many trials: the queue and liveness, the worker loop, the launchers
     "probes",  # kind `probe` and running them on finished runs (`ablate eval`)
     "report",  # tables, checks, statistics, plots of finished runs; fit reports
     "fitting",  # scaling-law and loss-curve fits (numbers in, numbers out)
@@ -35,6 +39,8 @@ LAYERS: list[str] = [
     "core",  # errors, typed config, registry, contract, table text
 ]
 COMPONENTS_MAY_IMPORT = {"ablate.core.registry", "ablate.core.contract", "ablate.core.errors"}
+# (layer, what it never imports although it lies below): a layer of LAYERS, or "components" (the zoo)
+NEVER = {("sweep", "report"), ("sweep", "probes"), ("probes", "report"), ("train", "components")}
 
 
 def module_name(path: Path, root: Path = ROOT) -> tuple[str, str]:
@@ -88,6 +94,17 @@ def graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
             if imported != module:
                 edges[module].setdefault(imported, line)
     return edges
+
+
+def component_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of the zoo (`components...`) in the file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        found += [(node.lineno, n) for n in names if n == "components" or n.startswith("components.")]
+    return found
 
 
 def circles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
@@ -156,6 +173,17 @@ def violations(root: Path = ROOT) -> list[str]:
                     f"{path.relative_to(root)}:{line}: {module} ({LAYERS[own]}) imports {target} "
                     f"({LAYERS[layer_of(target)]}, above it)"
                 )
+            elif (LAYERS[own], LAYERS[layer_of(target)]) in NEVER:
+                problems.append(
+                    f"{path.relative_to(root)}:{line}: {module} ({LAYERS[own]}) imports {target}: "
+                    f"{LAYERS[own]} never imports {LAYERS[layer_of(target)]}"
+                )
+        for line, target in component_imports(path):
+            if (LAYERS[own], "components") in NEVER:
+                problems.append(
+                    f"{path.relative_to(root)}:{line}: {module} ({LAYERS[own]}) imports {target}: "
+                    f"{LAYERS[own]} never imports components"
+                )
     for circle in circles(edges):
         problems.append(f"import circle: {' -> '.join(circle)} -> {circle[0]}")
     for path in sorted((root / "components").rglob("*.py")):
@@ -193,8 +221,23 @@ def test_no_module_is_left_at_the_top_but_the_command_line():
     [
         (  # upward, across layers (interop: a module no sweep code imports, so no circle either)
             "ablate/model/interop.py",
-            "from ablate.sweep.run import run_sweep\n",
-            "ablate.model.interop (model) imports ablate.sweep.run (sweep, above it)",
+            "from ablate.sweep.worker import work\n",
+            "ablate.model.interop (model) imports ablate.sweep.worker (sweep, above it)",
+        ),
+        (  # downward, but never: the sweep's workers know nothing of reports
+            "ablate/sweep/worker.py",
+            "from ablate.report.table import collect\n",
+            "ablate.sweep.worker (sweep) imports ablate.report.table: sweep never imports report",
+        ),
+        (
+            "ablate/probes/run.py",
+            "from ablate.report.write import write_report\n",
+            "ablate.probes.run (probes) imports ablate.report.write: probes never imports report",
+        ),
+        (
+            "ablate/train/bench.py",
+            "from components.attention.backends import check_backend\n",
+            "ablate.train.bench (train) imports components.attention.backends: train never imports components",
         ),
         (  # a circle inside one layer: registry imports config, config errors; errors now imports registry
             "ablate/core/errors.py",

@@ -18,7 +18,8 @@ from mini_project import cli_command, run_cli, write_recipe
 
 from ablate.cli import main
 from ablate.core.errors import UserError
-from ablate.probes.run import eval_settings, probe_after_trial, run_eval
+from ablate.probes.run import eval_settings, probe_after_trial
+from ablate.verbs.eval import run_eval
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
 

@@ -16,7 +16,7 @@ from ablate.core.errors import UserError
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
 from ablate.store.study import SweepContext
-from ablate.sweep.run import trial_id
+from ablate.sweep.queue import trial_id
 from ablate.sweep.slurm import check_cluster_stores
 from ablate.train.launch import free_port
 

@@ -1,0 +1,192 @@
+"""The worker loop: claim a waiting trial of the study, train its run, tell the study, until none is left.
+
+Every worker runs this, whatever started it (`ablate sweep` in its own process, a local worker process,
+a Slurm array task: `ablate.sweep.launchers`). What the sweep does once a trial's run ends (probes, say)
+comes in as `after_trial`, so this loop knows nothing above training.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ablate.core.errors import UserError
+from ablate.core.tables import format_seconds
+from ablate.recipe.resolve import RunSpec
+from ablate.recipe.search import point_label
+from ablate.store import tracking
+from ablate.store.study import SweepContext, progress_counts, trial_plan
+from ablate.sweep import preemption
+from ablate.sweep.queue import Heartbeat, claim_waiting, fail_and_requeue, recover_stale
+
+# What runs when a trial's run has finished, before the trial is told: (the run, its MLflow run id).
+AfterTrial = Callable[[RunSpec, str], None]
+
+
+def parent_run_id(ctx: SweepContext, study: Any) -> str:
+    """The study's MLflow parent run (created once, remembered in the study)."""
+    known = study.user_attrs.get("mlflow_parent_run_id")
+    if known:
+        return known
+    client = ctx.stores.client()
+    experiment_id = tracking.get_experiment_id(
+        client, tracking.experiment_name(ctx.recipe.name, ctx.scale), ctx.stores.workspace
+    )
+    found = client.search_runs(
+        [experiment_id], filter_string=f"tags.`ablate.store.study` = '{ctx.study_name}'"
+    )
+    if found:
+        run_id = found[0].info.run_id
+    else:
+        tags = {
+            "ablate.study": ctx.study_name,
+            "ablate.role": "sweep",
+            "ablate.recipe": ctx.recipe.name,
+            "ablate.scale": ctx.scale,
+            "ablate.code_version": tracking.code_version(),
+        }
+        run_id = client.create_run(experiment_id, run_name=f"sweep {ctx.study_name}", tags=tags).info.run_id
+    study.set_user_attr("mlflow_parent_run_id", run_id)
+    return run_id
+
+
+def work(
+    ctx: SweepContext, study: Any, storage: Any, workers: int = 1, after_trial: AfterTrial | None = None
+) -> int:
+    """Run trials until none is waiting or running elsewhere; returns the number this process trained.
+    `after_trial`: what the sweep does with each finished run before its trial is told (probes)."""
+    expected = study.user_attrs.get("recipe_key")
+    if (
+        expected and expected != ctx.recipe_key()
+    ):  # a worker elsewhere with an edited recipe or other overrides
+        raise UserError(
+            f"--storage: study {ctx.study_name!r} was enqueued from another version of the recipe "
+            "(file, --scale or overrides differ); start the worker with the same ones as `ablate sweep`"
+        )
+    trained = 0
+    parent = parent_run_id(ctx, study)
+    while True:
+        preemption.stop_if_warned()  # a warned worker (ablate.sweep.preemption) takes no new trial
+        trial = claim_waiting(study, storage)
+        if trial is None:
+            if recover_stale(study, storage, ctx.grace_period):
+                continue
+            from optuna.trial import TrialState
+
+            if not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                return trained
+            time.sleep(1.0)  # others are still running: one of them may die and need a retry
+            continue
+        run_trial(ctx, study, storage, trial, parent, workers, after_trial)
+        trained += 1
+
+
+def run_trial(
+    ctx: SweepContext,
+    study: Any,
+    storage: Any,
+    trial: Any,
+    parent: str,
+    workers: int,
+    after_trial: AfterTrial | None = None,
+) -> None:
+    import optuna
+
+    from ablate.train.branches import train_budgets
+    from ablate.train.loop import Diverged
+    from ablate.train.pruning import PruningCallback
+
+    plan = trial_plan(trial)
+    sampled = {d.key: d.suggest(trial) for d in ctx.search.dimensions}  # enqueued grid points come back fixed
+    run = ctx.run_for_plan(plan, sampled)
+    heartbeat = Heartbeat(trial)
+    try:
+        client = ctx.stores.client()
+        trial_tags = {"ablate.trial": str(trial.number), "ablate.study": ctx.study_name}
+        _, run_id = tracking.open_run(
+            client, run, ctx.stores.workspace, parent_run_id=parent, extra_tags=trial_tags
+        )
+        for key, value in {
+            "variant": run.variant,
+            "seed": run.seed,
+            "size": run.size or "",
+            "run_key": run.key,
+            "run_name": run.name,
+            "mlflow_run_id": run_id,
+        }.items():
+            trial.set_user_attr(key, value)
+        _print_progress(ctx, study, run, workers, sampled)
+        callbacks = [PruningCallback(trial)] if ctx.search.pruner.get("name", "none") != "none" else []
+        if preemption.armed():
+            callbacks.append(
+                preemption.CheckpointOnWarning(lambda step: trial.set_user_attr("preempted_at", step))
+            )
+
+        def record_budget(budget_run: RunSpec, budget_result: Any) -> None:  # each budget's run, as it ends
+            if run.budgets:
+                trial.set_user_attr(f"budget_run:{budget_run.train.steps}", budget_result.run_id)
+
+        # One training per trial; with budgets (ablate.recipe.budgets) the smaller ones branch off it.
+        result = train_budgets(
+            run,
+            ctx.stores,
+            parent_run_id=parent,
+            progress=ctx.progress,
+            extra_tags=trial_tags,
+            callbacks=callbacks,
+            on_result=record_budget,
+        )[0]
+    except Diverged as e:
+        heartbeat.stop()
+        trial.set_user_attr("failure_reason", f"diverged: {e}")
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        print(f"[sweep] {run.name} diverged ({e}); marked failed, going on", flush=True)
+        return
+    except optuna.TrialPruned as e:
+        heartbeat.stop()
+        client.set_tag(run_id, "ablate.pruned", str(e))
+        client.set_terminated(run_id, status="KILLED")
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        return
+    except BaseException as e:  # a user error, Ctrl-C or a bug: hand the trial back for the next attempt
+        heartbeat.stop()
+        reason = (
+            f"preempted: {e}" if isinstance(e, preemption.Preempted) else f"interrupted: {type(e).__name__}"
+        )
+        fail_and_requeue(study, storage, study.get_trials(deepcopy=False)[trial.number], reason)
+        raise
+    if after_trial is not None:
+        after_trial(run, result.run_id)
+    heartbeat.stop()
+    study.tell(trial, result.val_loss)
+    print(f"[sweep] {result.summary()}", flush=True)
+
+
+def _print_progress(
+    ctx: SweepContext, study: Any, run: RunSpec, workers: int, sampled: dict[str, Any] | None = None
+) -> None:
+    done, total, durations = progress_counts(study)
+    eta = ""
+    if durations:
+        remaining = max(0, total - done) * (sum(durations) / len(durations)) / max(1, workers)
+        eta = f", ETA {format_seconds(remaining)}"
+    # a searched point names itself (`lr=0.003`): the trials of one run name differ only there
+    point = f", {point_label(tuple(sampled.items()))}" if sampled else ""
+    print(
+        f"[sweep {ctx.study_name}] trial {done + 1}/{total}: {run.name} ({run.label}{point}){eta}", flush=True
+    )
+
+
+def worker_argv(ctx: SweepContext, overrides_argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """`ablate worker ...` arguments (after `ablate`) that join this sweep's study, and the environment to
+    start it in: a store URL with a password travels there, never in the arguments (ps shows those)."""
+    from ablate.store.stores import child_env
+
+    stores = ctx.stores
+    flags, env = child_env(stores)
+    argv = ["worker", str(ctx.recipe.path), "--scale", ctx.scale, *flags]
+    argv += ["--workspace", str(stores.workspace), "--seeds", *map(str, ctx.seeds)]
+    if ctx.search_path:
+        argv += ["--search", ctx.search_path]
+    return argv + overrides_argv, env

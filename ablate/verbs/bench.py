@@ -1,0 +1,184 @@
+"""`ablate bench`: training and forward throughput, peak memory and MFU of a recipe's variants per
+sequence length, interleaved in one run (the measurement itself: ablate.train.bench), written to
+`bench.csv`, `bench.md`, `ratios.csv` and `bench.png`.
+
+`run_bench`'s options: `overrides`, dotted recipe overrides, as the other verbs take them; `backend`
+overrides every arm's `attention_backend`; `compile` wraps each model in `torch.compile` (as
+`train.compile` does); `device`: "cpu", "cuda", "cuda:N" (default: CUDA when present); `precision`:
+"auto" (the device's rule, `ablate.hardware.precision`) or one of `PRECISIONS`; `tune_malloc` keeps freed
+memory in glibc's heap (`tune_glibc_malloc`); `retries`: a measurement during which other processes used
+more than `ablate.train.bench.DISTURBED` of the CPU is taken again, up to this many times;
+`peak_budget_s` and `peak_max_size` bound each matmul-peak measurement in time and size; `ops`: the
+device's clock and memory peak (an `ablate.hardware.device.DeviceOps`; default: `device_ops(device)`;
+tests pass a stand-in); `echo`: print progress and the tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ablate.core.errors import UserError
+from ablate.train.bench_defaults import PEAK_BUDGET_S, PEAK_MAX_SIZE, PRECISIONS, TOKENS_PER_STEP
+
+
+def bench(
+    recipe: str = "recipes/table6.yaml",
+    scale: str = "small",
+    variants: list[str] | None = None,
+    seq_lens: list[int] | None = None,
+    rounds: int = 3,
+    tokens_per_step: int = 4096,
+    batch_size: int | None = None,
+    backend: str | None = None,
+    compile: bool = False,
+    out: str = "reports/bench",
+    *,
+    overrides: list | None = None,
+    **more: Any,
+) -> int:
+    """Training/forward throughput, peak memory and MFU per variant and sequence length.
+
+    Args:
+        recipe: recipe YAML file
+        scale: scale preset (small: d_model 768, 12 layers)
+        variants: variants to time; ratios are against the first (default transformer diff)
+        seq_lens: sequence lengths (default 512 1024 2048 4096 and the scale's training length)
+        rounds: interleaved rounds; the median is reported
+        tokens_per_step: tokens per step: max(1, this // seq_len) sequences
+        batch_size: sequences per step, instead of --tokens-per-step
+        backend: attention backend for every variant (default: the recipe's)
+        compile: run each model under torch.compile
+        out: output folder
+    """
+    run_bench(
+        recipe,
+        scale=scale,
+        variants=variants or ["transformer", "diff"],
+        seq_lens=seq_lens,
+        rounds=rounds,
+        out=out,
+        batch_size=batch_size,
+        tokens_per_step=tokens_per_step,
+        overrides=overrides or [],
+        backend=backend,
+        compile=compile,
+        **more,
+    )
+    return 0
+
+
+# Every keyword-only argument of run_bench with a default (e.g. `device`, `precision`) is a `bench` flag by
+# itself (ablate.cli reads `flags_from`), except these, which are the library's, not the command line's.
+bench.flags_from = ("ablate.verbs.bench", "run_bench")
+bench.internal = ("recipe_path", "overrides", "tune_malloc", "retries", "echo", "ops")
+
+
+def run_bench(
+    recipe_path: str,
+    scale: str = "small",
+    variants: Sequence[str] = ("transformer", "diff"),
+    seq_lens: Sequence[int] | None = None,
+    rounds: int = 3,
+    out: str = "reports/bench",
+    batch_size: int | None = None,
+    *,
+    tokens_per_step: int = TOKENS_PER_STEP,
+    overrides: Sequence[tuple[str, Any]] = (),
+    backend: str | None = None,
+    compile: bool = False,
+    device: str | None = None,
+    precision: str = "auto",
+    tune_malloc: bool = True,
+    retries: int = 2,
+    peak_budget_s: float = PEAK_BUDGET_S,
+    peak_max_size: int = PEAK_MAX_SIZE,
+    ops: Any = None,
+    echo: bool = True,
+) -> Path:
+    """Measure, write `<out>/bench.csv`, `bench.md`, `ratios.csv` and `bench.png` (where matplotlib is
+    installed); returns the folder. The options are the module doc's."""
+    import os
+
+    import torch
+
+    import ablate.train.bench as lib
+    from ablate.hardware.allocator import tune_glibc_malloc
+    from ablate.hardware.device import device_ops
+    from ablate.hardware.precision import choose_precision, compute_dtype
+    from ablate.recipe.resolve import load_recipe
+
+    variants = list(variants)
+    if seq_lens is None:
+        seq_lens = lib.default_seq_lens(load_recipe(recipe_path, list(overrides), scale=scale))
+    seq_lens = [int(n) for n in seq_lens]
+    _check(rounds, tokens_per_step, seq_lens, batch_size, variants, backend, precision)
+    ops = ops or device_ops(device)
+    chosen, why = choose_precision(precision, ops.device, key="--precision")
+    recipe = load_recipe(recipe_path, list(overrides), scale=scale)
+    configs = lib.bench_configs(recipe, variants, backend)
+    say = lib.printer(echo)
+    say(f"precision: {chosen} ({why})")
+    malloc = tune_glibc_malloc() if tune_malloc else "glibc malloc defaults"
+    load_before = os.getloadavg()
+    foreign = lib.ForeignCpu()
+    arms, models = lib.build_arms(
+        configs,
+        seq_lens,
+        ops,
+        chosen,
+        compile=compile,
+        batch_size=batch_size,
+        tokens_per_step=tokens_per_step,
+    )
+    dtypes = list(dict.fromkeys([compute_dtype(chosen), torch.float32]))  # the dtype that ran, then float32
+    peaks, repeated = lib.measure(
+        arms,
+        rounds,
+        dtypes,
+        ops,
+        say,
+        retries=retries,
+        peak_budget_s=peak_budget_s,
+        peak_max_size=peak_max_size,
+    )
+    context = {
+        "recipe": recipe.name,
+        "scale": scale,
+        "step": f"{batch_size} sequences per step" if batch_size else f"{tokens_per_step} tokens per step",
+        **{"precision": chosen, "why": why, "dtypes": dtypes, "peaks": peaks, "ops": ops, "rounds": rounds},
+        **{"compile": compile, "loads": (load_before, os.getloadavg()), "malloc": malloc, "say": say},
+        **{"foreign": foreign.fraction(), "repeated": repeated},
+    }
+    folder = Path(out)
+    say(lib.write_results(folder, arms, configs, models, context))
+    return folder
+
+
+def _check(
+    rounds: int,
+    tokens_per_step: int,
+    seq_lens: list[int],
+    batch_size: int | None,
+    variants: list[str],
+    backend: str | None,
+    precision: str,
+) -> None:
+    """The options, each refused in one line."""
+    checked = [
+        ("--rounds", rounds),
+        ("--tokens-per-step", tokens_per_step),
+        *(("--seq-lens", n) for n in seq_lens),
+    ]
+    for key, value in checked + ([("--batch-size", batch_size)] if batch_size is not None else []):
+        if value < 1:
+            raise UserError(f"{key}: expected a positive integer, got {value}")
+    if not variants or not seq_lens:
+        raise UserError("--variants and --seq-lens: give at least one each")
+    if backend is not None:
+        from components.attention.backends import check_backend
+
+        check_backend(backend, key="--backend")
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")

@@ -1,0 +1,113 @@
+"""`ablate eval`: the recipe's probes (activation outliers, low-bit logits, ...) on a sweep's finished
+checkpoints, logged to the same runs (ablate.probes.run), then the report written again with their tables.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from ablate.core.errors import UserError
+from ablate.verbs.options import Shared, load, shared
+
+if TYPE_CHECKING:
+    from ablate.probes.run import EvalSummary
+    from ablate.recipe.resolve import Recipe
+    from ablate.store.stores import Stores
+
+
+@shared("scale", "workspace", "tracking_uri", "storage", "reports")
+def evaluate(
+    recipe: str,
+    probes: list[str] | None = None,
+    checkpoint: Literal["best", "last"] | None = None,
+    tokens: int | None = None,
+    *,
+    overrides: list | None = None,
+    **options: Any,
+) -> int:
+    """Run the recipe's probes on a sweep's finished checkpoints (attention outliers, low-bit logits, ...).
+
+    Args:
+        recipe: recipe YAML file of the sweep
+        probes: probes to run (default: the recipe's eval.probes)
+        checkpoint: which checkpoint of each run (default: the recipe's eval.checkpoint)
+        tokens: held-out tokens each probe reads (default: the recipe's eval.tokens, the paper's 0.4M)
+    """
+    opts = Shared(**options)
+    loaded = load(recipe, overrides, opts.scale)
+    scale = loaded.scale
+    config = loaded.eval(
+        scale
+    )  # the recipe's eval section at this scale fills what the command line leaves out
+    run_eval(
+        loaded,
+        opts.stores,
+        scale=scale,
+        probes=probes or config.probes,
+        checkpoint=checkpoint or config.checkpoint,
+        reports=Path(opts.reports),
+        tokens=tokens,
+    )
+    return 0
+
+
+def run_eval(
+    recipe: Recipe,
+    stores: Stores,
+    *,
+    scale: str | None = None,
+    probes: list[Any] | None = None,
+    checkpoint: str | None = None,
+    reports: Path | None = None,
+    tokens: int | None = None,
+) -> EvalSummary:
+    """Probe every finished run of `recipe`'s sweep at `scale` (see the module doc), then rewrite the report.
+    A second call with the same settings probes nothing and leaves the report as it is."""
+    from ablate.probes.run import EvalSummary, build_probes, eval_settings, finished_runs, probe_run
+    from ablate.report.write import write_report
+    from ablate.store.study import finished_sweep, report_folder
+
+    scale = scale or recipe.default_scale
+    settings = eval_settings(recipe, scale, probes=probes, checkpoint=checkpoint, tokens=tokens)
+    built = build_probes(settings)
+    ctx, study, client = finished_sweep(recipe, scale, stores, "eval")
+    runs, left_out = finished_runs(ctx, study, client)
+    ctx.seeds = sorted({run.seed for run, _ in runs}) or recipe.seeds
+    summary = EvalSummary(left_out=left_out)
+    if not runs:
+        raise UserError(
+            f"eval: no finished runs in study {ctx.study_name!r}"
+            + (f" ({'; '.join(left_out)})" if left_out else "")
+            + "; finish the sweep first"
+        )
+    for run, run_id in runs:
+        try:
+            done, skipped = probe_run(run, run_id, built, settings, workspace=stores.workspace, client=client)
+        except FileNotFoundError as e:
+            summary.left_out.append(f"{run.name}: {e}")
+            print(f"[eval] {run.name}: left out: {e}", flush=True)
+            continue
+        summary.probed += [f"{run.name}: {n}" for n in done]
+        summary.skipped += [f"{run.name}: {n}" for n in skipped]
+        if done:
+            print(
+                f"[eval] {run.name}: probed {', '.join(done)}"
+                + (f" (already had {', '.join(skipped)})" if skipped else ""),
+                flush=True,
+            )
+    folder = report_folder(ctx, reports)
+    if summary.probed or not (folder / "probes.md").exists():
+        summary.report = write_report(ctx, study, folder)
+        if (folder / "probes.md").exists():
+            print(f"[eval] {folder / 'probes.md'}\n\n{(folder / 'probes.md').read_text()}", flush=True)
+    else:
+        summary.report = folder
+        print(
+            f"[eval {ctx.study_name}] every run already probed with these settings "
+            f"({len(summary.skipped)} run x probe pairs); nothing to do",
+            flush=True,
+        )
+    for line in summary.left_out:
+        print(f"[eval] left out: {line}", flush=True)
+    return summary

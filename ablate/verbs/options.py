@@ -1,0 +1,156 @@
+"""What several verbs share: the `Shared` options (declared once: type, default, help), loading a recipe
+with the command line's overrides, a sweep's context, and the checks of a tracking URI.
+
+A verb names the `Shared` options it takes with `@shared(...)` and reads them as `Shared(**options)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ablate.core.errors import UserError
+
+if TYPE_CHECKING:
+    from ablate.store.stores import Stores
+
+DEFAULT_WORKSPACE = "ablate-runs"
+
+
+@dataclasses.dataclass(frozen=True)
+class Shared:
+    """The options several verbs take, declared once (type, default, help); a verb names the ones it
+    takes with `@shared(...)` and reads them as `Shared(**options)`.
+
+    Attributes:
+        scale: scale preset of the recipe (paper, small, tiny, ...; default: the recipe's default_scale)
+        seeds: seeds (default: the recipe's seeds)
+        workspace: folder for the embedded stores, checkpoints and caches
+        tracking_uri: MLflow tracking URI (default: SQLite in the workspace)
+        storage: Optuna storage: postgresql://... for many machines (default: a journal file in the workspace)
+        reports: folder for reports
+        search: search spec of the sweep, e.g. sweeps/lr.yaml (default: the plain grid)
+        grace_period: seconds without heartbeat after which a trial's worker counts as dead
+    """
+
+    scale: str | None = None
+    seeds: list[int] | None = None
+    workspace: str = DEFAULT_WORKSPACE
+    tracking_uri: str | None = None
+    storage: str | None = None
+    reports: str = "reports"
+    search: str | None = None
+    grace_period: float = 60.0
+
+    @property
+    def workspace_path(self) -> Path:
+        return Path(self.workspace)
+
+    @property
+    def stores(self) -> Stores:
+        """Where the verb's records live: the workspace, `tracking_uri` (checked: one line when MLflow
+        cannot use it) and `storage`."""
+        from ablate.store.stores import Stores, passed_down
+
+        tracking_uri, storage = passed_down(
+            self.tracking_uri, self.storage
+        )  # a parent's, through the environment
+        return Stores(self.workspace_path, tracking_uri_checked(tracking_uri), storage)
+
+
+def shared(*names: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Mark a verb as taking these `Shared` options (as flags; the verb gets them in `**options`)."""
+    unknown = set(names) - {f.name for f in dataclasses.fields(Shared)}
+    assert not unknown, unknown  # a programming error, not a user's
+
+    def mark(fn: Callable[..., int]) -> Callable[..., int]:
+        fn.shared = names
+        return fn
+
+    return mark
+
+
+def load(path: str, overrides: list | None, scale: str | None = None) -> Any:
+    """The recipe at `path`, with the command line's overrides, resolved at `scale`."""
+    from ablate.recipe.resolve import load_recipe
+
+    return load_recipe(path, overrides or [], scale=scale)
+
+
+# What MLflow can track to: its server, a database it supports, or a folder (file store).
+TRACKING_SCHEMES = (
+    "http",
+    "https",
+    "file",
+    "sqlite",
+    "postgresql",
+    "mysql",
+    "mssql",
+    "databricks",
+    "databricks-uc",
+)
+
+
+def tracking_uri_checked(uri: str | None) -> str | None:
+    """`--tracking-uri`, refused in one line when MLflow cannot use it (ftp://..., a typo in the scheme)."""
+    if uri is None:
+        return None
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", uri)
+    base = scheme.group(1).split("+")[0].lower() if scheme else None
+    if scheme and base not in TRACKING_SCHEMES or not uri.strip():
+        raise UserError(
+            f"--tracking-uri: {uri!r} is not a tracking URI MLflow can use; give one of "
+            f"{', '.join(s + '://' for s in TRACKING_SCHEMES)} or a folder"
+        )
+    return uri
+
+
+def sweep_context(
+    recipe: str, opts: Shared, search: str | None, grace_period: float, overrides: list | None
+) -> Any:
+    """The sweep of `recipe` at the options' scale, seeds and stores (ablate.store.study.SweepContext)."""
+    from ablate.recipe.search import SearchSpec, load_search_spec
+    from ablate.store.study import SweepContext
+
+    loaded = load(recipe, overrides, opts.scale)
+    return SweepContext(
+        recipe=loaded,
+        scale=loaded.scale,
+        seeds=opts.seeds or loaded.seeds,
+        stores=opts.stores,
+        search=load_search_spec(search) if search else SearchSpec(),
+        search_path=search,
+        grace_period=grace_period,
+    )
+
+
+def launcher_start(
+    ctx: Any, name: str | None, workers: int, *, wait: bool, overrides: list | None, after_trial: Any = None
+) -> Callable[[Any, Any], bool]:
+    """The launcher `name` (default: the recipe's `launcher.name`) checked now, before anything is enqueued;
+    returns what starts its workers on a study (ablate.sweep.launchers)."""
+    from ablate.sweep.launchers import launcher
+
+    chosen = launcher(name or ctx.recipe.file.launcher.name, key="--launcher" if name else "launcher.name")
+    return chosen.start(
+        ctx, workers, overrides_argv=override_argv(overrides or []), wait=wait, after_trial=after_trial
+    )
+
+
+def print_ui_link(ctx: Any, opts: Shared) -> None:
+    """How to open the sweep's runs in the MLflow UI: the command, and the link to its comparison view."""
+    from ablate.store.stores import sweep_runs_url
+
+    ui = "ablate ui" + (f" --workspace {opts.workspace}" if opts.workspace != DEFAULT_WORKSPACE else "")
+    uri = ctx.stores.tracking_uri or ""
+    served = uri if uri.startswith("http") else "http://127.0.0.1:5000"
+    url = sweep_runs_url(ctx.stores, ctx.recipe.name, ctx.scale, served) or served
+    print(f"MLflow UI: {ui}  -> {url}")
+
+
+def override_argv(overrides: list) -> list[str]:
+    return [f"--{key}={json.dumps(value)}" for key, value in overrides]

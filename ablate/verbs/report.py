@@ -1,0 +1,43 @@
+"""`ablate report`: a finished sweep's report folder written again from its store, or from its export
+alone (`--from`: no store, no training).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ablate.core.errors import UserError
+from ablate.verbs.options import Shared, print_ui_link, shared, sweep_context
+
+
+@shared("scale", "seeds", "workspace", "tracking_uri", "storage", "reports", "search", "grace_period")
+def report(
+    recipe: str | None = None,
+    from_: str | None = None,
+    *,
+    overrides: list | None = None,
+    **options: Any,
+) -> int:
+    """Write the report of a sweep (table, CSV, loss curves).
+
+    Args:
+        recipe: recipe YAML file of the sweep
+        from_: a report folder to write again from its export (runs.parquet, metrics.parquet), with no store
+    """
+    from ablate.report.write import rebuild_report, write_report
+    from ablate.store.study import open_study, report_folder
+
+    if from_:
+        if recipe or overrides:
+            raise UserError("ablate report --from: the export names its recipe; give no recipe or overrides")
+        rebuild_report(Path(from_))
+        return 0
+    if not recipe:
+        raise UserError("ablate report: give a recipe (e.g. recipes/table6.yaml) or --from reports/NAME/")
+    opts = Shared(**options)
+    ctx = sweep_context(recipe, opts, opts.search, opts.grace_period, overrides)
+    study, _ = open_study(ctx, create=False)
+    write_report(ctx, study, report_folder(ctx, Path(opts.reports)))
+    print_ui_link(ctx, opts)
+    return 0
