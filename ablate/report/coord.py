@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ablate.core import plot_style
-
 FLAT = 0.25
 KINDS = ("change", "activation")
 
@@ -61,6 +59,21 @@ def curves(rows: Sequence[dict[str, Any]], step: int | None = None) -> list[Curv
         widths = tuple(sorted(by_width))
         out.append(Curve(variant, par, layer, kind, widths, tuple(by_width[w] for w in widths)))
     return sorted(out, key=lambda c: (c.variant, c.parametrization, c.kind, c.layer))
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """coord.csv back as rows, typed: a report folder is regenerated from it with `write`."""
+    with path.open(newline="") as f:
+        return [
+            {
+                **r,
+                "width": int(r["width"]),
+                "seed": int(r["seed"]),
+                "step": int(r["step"]),
+                "rms": float(r["rms"]),
+            }
+            for r in csv.DictReader(f)
+        ]
 
 
 def write(rows: Sequence[dict[str, Any]], out: Path, *, labels: dict[str, str] | None = None) -> str:
@@ -120,7 +133,10 @@ def plot(found: Sequence[Curve], path: Path, *, labels: dict[str, str]) -> None:
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(KINDS), len(panels), squeeze=False)
     layers = sorted({c.layer for c in found})
-    colors = {layer: plot_style.PALETTE[i % len(plot_style.PALETTE)] for i, layer in enumerate(layers)}
+    from matplotlib import colormaps
+
+    tab20 = colormaps["tab20"]  # 14 layers at 4 blocks: more than the 10 colours of the default cycle
+    colors = {layer: tab20(i % 20) for i, layer in enumerate(layers)}
     for col, (variant, par) in enumerate(panels):
         for row, kind in enumerate(KINDS):
             ax = axes[row][col]

@@ -11,7 +11,7 @@ import torch
 
 from ablate.core.registry import load_plugins
 from ablate.model.decoder import build_model
-from ablate.report.coord import Curve, curves, write
+from ablate.report.coord import Curve, curves, read_rows, write
 from ablate.train.coord import activations, as_dicts, coord_check, width_config
 
 BASE = {
@@ -93,6 +93,7 @@ def test_slopes_flat_and_not_flat(tmp_path):
     text = write(rows, tmp_path)
     assert "| v | p | change | 2/3 | grows +1.00 | grows (+1.00) |" in text
     assert {p.name for p in tmp_path.iterdir()} == {"coord.csv", "slopes.csv", "coord.png", "report.md"}
+    assert read_rows(tmp_path / "coord.csv") == rows  # the folder regenerates from its CSV
 
 
 def test_a_curve_of_one_width_has_slope_zero():
