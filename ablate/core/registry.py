@@ -123,7 +123,7 @@ def spec_name(spec: Any) -> str:
 
 # What the engine injects into a component's constructor (each only if the constructor takes it):
 # the model's structure, never a recipe option.
-STRUCTURE = ("d_model", "head_dim", "layer_idx", "n_layers", "position", "backend", "dim")
+STRUCTURE = ("d_model", "head_dim", "layer_idx", "n_layers", "position", "backend", "head_ratio", "dim")
 
 
 @dataclass(frozen=True)
