@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Literal
 
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
@@ -85,5 +84,5 @@ class LauncherConfig:
         slurm: options of the Slurm worker jobs
     """
 
-    name: Literal["local", "slurm"] = "local"
+    name: str = "local"  # a name of ablate.sweep.launchers.LAUNCHERS, checked when a sweep starts its workers
     slurm: SlurmOptions = dataclasses.field(default_factory=SlurmOptions)

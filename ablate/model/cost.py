@@ -7,7 +7,7 @@ Counting conventions (say them wherever the numbers are shown):
 - FLOPs: matrix products only, 2*m*n*k each, as each component reports (`flops(seq_len)`), attention
   maps counted dense (N x N), which is what `torch.utils.flop_counter.FlopCounterMode` counts for the
   math backend. A component without `flops()` is counted by running it under FlopCounterMode on fake
-  tensors (`ablate.core.contract.counted_flops`); `Budget.counted` names the kinds counted that way. Differential attention is counted as Eq. 1 reads: two maps, one product
+  tensors (`ablate.core.contract.counted_flops`); `Cost.counted` names the kinds counted that way. Differential attention is counted as Eq. 1 reads: two maps, one product
   (A1 - λ A2) V with V of width 2d, so it costs what a Transformer with twice the heads costs; a kernel
   that splits V (Appendix A) executes more, which `ablate bench` reports separately.
 - training FLOPs = 3 x forward (backward costs twice the forward).
@@ -24,7 +24,7 @@ from ablate.model.decoder import ModelConfig, build_model
 
 
 @dataclass(frozen=True)
-class Budget:
+class Cost:
     params: int
     non_embedding_params: int
     fwd_flops_per_token: float
@@ -36,7 +36,7 @@ class Budget:
         return 3 * self.fwd_flops_per_token
 
 
-def model_budget(config: ModelConfig | dict, seq_len: int) -> Budget:
+def model_cost(config: ModelConfig | dict, seq_len: int) -> Cost:
     """Count a model's parameters and FLOPs per token at `seq_len` without allocating it."""
     model = build_model(config, device="meta")
     params = sum(p.numel() for p in model.parameters())
@@ -50,7 +50,7 @@ def model_budget(config: ModelConfig | dict, seq_len: int) -> Budget:
         flops += value
         if how == "counted":
             counted.add(_KIND[path.rsplit(".", 1)[-1]])
-    return Budget(
+    return Cost(
         params=params,
         non_embedding_params=params - embedding,
         fwd_flops_per_token=flops / seq_len,

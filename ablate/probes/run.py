@@ -33,13 +33,16 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ablate.core import registry
 from ablate.core.errors import UserError
 from ablate.recipe.resolve import Recipe, RunSpec
 from ablate.store import tracking
 from ablate.store.stores import Stores
+
+if TYPE_CHECKING:
+    from ablate.store.study import SweepContext
 
 CHECKPOINTS = ("best", "last")
 PROBE_TAG = tracking.TAG + "probe."
@@ -218,7 +221,7 @@ def _log_probe(
 
 
 # --- the study -----------------------------------------------------------------------------------------
-def finished_runs(ctx: Any, study: Any, client: Any) -> tuple[list[tuple[RunSpec, str]], list[str]]:
+def finished_runs(ctx: SweepContext, study: Any, client: Any) -> tuple[list[tuple[RunSpec, str]], list[str]]:
     """(RunSpec, MLflow run id) of every plan whose latest trial is COMPLETE; and the runs left out, why."""
     from optuna.trial import TrialState
 

@@ -13,7 +13,7 @@ from typing import Any
 from ablate.core import contract, registry
 from ablate.core.config import Tolerance
 from ablate.core.tables import markdown_table, si
-from ablate.model.cost import Budget, attention_shape, model_budget, relative_deviation
+from ablate.model.cost import Cost, attention_shape, model_cost, relative_deviation
 from ablate.model.decoder import ModelConfig
 from ablate.recipe.resolve import Recipe, RunSpec
 
@@ -23,7 +23,7 @@ KINDS = ("attention", "ffn", "norm")  # the model's components, as `model.<kind>
 @dataclass
 class VariantCost:
     run: RunSpec
-    budget: Budget
+    cost: Cost  # parameters and forward FLOPs per token (ablate.model.cost)
     shape: dict[str, str]
 
 
@@ -51,8 +51,7 @@ def variant_costs(recipe: Recipe, scale: str | None) -> list[VariantCost]:
     else:
         runs = recipe.resolve(scale, seeds=recipe.seeds[:1])
     return [
-        VariantCost(run, model_budget(run.model, run.train.seq_len), attention_shape(run.model))
-        for run in runs
+        VariantCost(run, model_cost(run.model, run.train.seq_len), attention_shape(run.model)) for run in runs
     ]
 
 
@@ -62,38 +61,36 @@ def _row_name(run: RunSpec) -> str:
 
 def check_table(costs: list[VariantCost], tolerance: Tolerance) -> tuple[str, list[str]]:
     """The table `ablate check` prints, and the variants beyond tolerance (against the first row of each size)."""
-    rows, unmatched = [], []
-    reference: dict[str | None, Budget] = {}
-    for cost in costs:
-        ref = reference.setdefault(cost.run.size, cost.budget)
-        dp = relative_deviation(cost.budget.params, ref.params)
-        df = relative_deviation(cost.budget.fwd_flops_per_token, ref.fwd_flops_per_token)
+    table, unmatched = [], []
+    reference: dict[str | None, Cost] = {}
+    for row in costs:
+        ref = reference.setdefault(row.run.size, row.cost)
+        dp = relative_deviation(row.cost.params, ref.params)
+        df = relative_deviation(row.cost.fwd_flops_per_token, ref.fwd_flops_per_token)
         bad = abs(dp) > tolerance.params or abs(df) > tolerance.flops
         if bad:
-            unmatched.append(_row_name(cost.run))
-        rows.append(
+            unmatched.append(_row_name(row.run))
+        table.append(
             [
-                cost.run.variant + (f" ({cost.run.size})" if cost.run.size else ""),
-                cost.run.label,
-                cost.shape["heads"],
-                cost.shape["d"],
-                cost.shape["gn"],
-                cost.shape["lambda_init"],
-                f"{cost.budget.params:,}",
-                si(cost.budget.fwd_flops_per_token),
+                row.run.variant + (f" ({row.run.size})" if row.run.size else ""),
+                row.run.label,
+                row.shape["heads"],
+                row.shape["d"],
+                row.shape["gn"],
+                row.shape["lambda_init"],
+                f"{row.cost.params:,}",
+                si(row.cost.fwd_flops_per_token),
                 f"{dp:+.2%}",
                 f"{df:+.2%}",
                 "UNMATCHED" if bad else "ok",
             ]
         )
-    return markdown_table(list(CHECK_COLUMNS), rows, align="llrrllrrrrl"), unmatched
+    return markdown_table(list(CHECK_COLUMNS), table, align="llrrllrrrrl"), unmatched
 
 
 def flops_note(costs: list[VariantCost]) -> str:
     """Which rows' FLOPs came from hand-written `flops()` and which were counted automatically."""
-    counted = [
-        f"variants.{_row_name(c.run)} ({', '.join(c.budget.counted)})" for c in costs if c.budget.counted
-    ]
+    counted = [f"variants.{_row_name(c.run)} ({', '.join(c.cost.counted)})" for c in costs if c.cost.counted]
     if not counted:
         return "FLOPs: every component's own flops()"
     return (
@@ -108,13 +105,13 @@ def solved_notes(recipe: Recipe, costs: list[VariantCost]) -> list[str]:
 
     reference: dict[str | None, VariantCost] = {}
     lines = []
-    for cost in costs:
-        first = reference.setdefault(cost.run.size, cost)
+    for row in costs:
+        first = reference.setdefault(row.run.size, row)
         line = solved_line(
-            recipe.raw["variants"][cost.run.variant], cost.run, first.run.variant, cost.budget, first.budget
+            recipe.raw["variants"][row.run.variant], row.run, first.run.variant, row.cost, first.cost
         )
         if line:
-            lines.append(f"variants.{_row_name(cost.run)}: {line}")
+            lines.append(f"variants.{_row_name(row.run)}: {line}")
     return lines
 
 

@@ -8,7 +8,7 @@
         match_on: params                 # or flops (forward FLOPs per token); default params
 
 The knob's value is chosen so that the variant's parameters (or FLOPs) equal the first variant's of the
-same size, counted on the meta device (`ablate.model.cost.model_budget`): bracketing from its configured value
+same size, counted on the meta device (`ablate.model.cost.model_cost`): bracketing from its configured value
 (or the component's default), then bisection, assuming the budget grows or shrinks monotonically with the
 knob. The solved value is written into the resolved config, so it is what training uses, what the run
 records and what `ablate check` prints. A knob that cannot bring the budget within the recipe's tolerance
@@ -90,10 +90,10 @@ def _bisect(
     key: str,
     reference: str,
 ) -> float | int:
-    from ablate.model.cost import model_budget  # budgets build models: only when a recipe asks to solve
+    from ablate.model.cost import model_cost  # budgets build models: only when a recipe asks to solve
 
     def measure(cfg: dict[str, Any]) -> float:
-        budget = model_budget(cfg["model"], cfg["train"]["seq_len"])
+        budget = model_cost(cfg["model"], cfg["train"]["seq_len"])
         return float(budget.params if on == "params" else budget.fwd_flops_per_token)
 
     target = measure(target_config)

@@ -516,8 +516,8 @@ def load_recipe(
                     f"--{dotted}: unknown recipe key {top!r}{closest(top, TOP_KEYS)}; "
                     f"keys: {', '.join(TOP_KEYS)}"
                 )
-            if dotted.startswith("launcher."):  # an optional section: made, so its keys can be set
-                raw.setdefault("launcher", {}).setdefault("slurm", {})
+            if dotted.startswith("launcher.") and dotted.count(".") >= 2:  # an optional section: made, so
+                raw.setdefault("launcher", {}).setdefault(dotted.split(".")[1], {})  # its keys can be set
             if "." in dotted:
                 set_dotted(raw, dotted, value, key=f"--{dotted}")
             else:

@@ -34,12 +34,15 @@ import math
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ablate.core import plot_style
 from ablate.core.tables import markdown_table, si
 from ablate.data import passes as data_passes
 from ablate.report import stats
+
+if TYPE_CHECKING:
+    from ablate.store.study import SweepContext
 
 EXTRAPOLATE = 10  # the fitted gap is given at this multiple of the largest budget
 N_BOOT = 1000
@@ -409,7 +412,7 @@ def cooldown_steps(record: Any, steps: int) -> int:
     return cooldown_steps_of(steps, fraction)
 
 
-def write_budget_report(ctx: Any, study: Any, records: list[Any], folder: Path) -> list[Path]:
+def write_budget_report(ctx: SweepContext, study: Any, records: list[Any], folder: Path) -> list[Path]:
     """Write the budget files (module doc) into `folder`; returns them."""
     from ablate.report.table import TRAIN_LOSS_POINTS, common_split, row_labels, table_rows, write_csv
 
@@ -661,7 +664,7 @@ def _run_row(r: Any, labels: dict[str, str], seconds: dict[str, float]) -> dict[
     }
 
 
-def train_seconds(ctx: Any, records: list[Any]) -> dict[str, float]:
+def train_seconds(ctx: SweepContext, records: list[Any]) -> dict[str, float]:
     """Run id -> its training seconds (final_metrics.json: the Trainer's fit, the last attempt's if resumed)."""
     from ablate.store import tracking
 

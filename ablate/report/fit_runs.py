@@ -45,13 +45,16 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table, si
 from ablate.data.passes import REPEAT_EFFECT
 from ablate.report.folder import moved, writing
 from ablate.store import tracking
+
+if TYPE_CHECKING:
+    from ablate.store.study import SweepContext
 
 PARAMS_TAGS = {"non_embedding": "ablate.non_embedding_params", "total": "ablate.params"}
 PARAMS_WORDS = {"non_embedding": "non-embedding parameters", "total": "all parameters (embeddings included)"}
@@ -94,7 +97,7 @@ class FinishedRun:
 
 
 def fit_grid(
-    ctx: Any,
+    ctx: SweepContext,
     study: Any,
     client: Any,
     runs: list[FinishedRun],
@@ -214,7 +217,7 @@ def finished_run(client: Any, record: Any, params_count: str) -> FinishedRun:
     )
 
 
-def finished_runs_of(ctx: Any, client: Any, records: list, params_count: str) -> list[Any]:
+def finished_runs_of(ctx: SweepContext, client: Any, records: list, params_count: str) -> list[Any]:
     """The finished runs to fit, in the recipe's row order; one line when none, or one arch only."""
     from ablate.store.study import sweep_hint
 
@@ -238,7 +241,9 @@ def finished_runs_of(ctx: Any, client: Any, records: list, params_count: str) ->
     return runs
 
 
-def fit_source(ctx: Any, stores: Any, runs: list, records: list, points: list, params_count: str) -> dict:
+def fit_source(
+    ctx: SweepContext, stores: Any, runs: list, records: list, points: list, params_count: str
+) -> dict:
     """fit.json's `source` and `runs`: where the points came from."""
     left_out = [r for r in records if not (r.state == "finished" and r.run_id)]
     return {
@@ -300,7 +305,7 @@ def fit_curve(run: FinishedRun) -> None:
 
 
 def fit_notes(
-    ctx: Any,
+    ctx: SweepContext,
     form: str,
     runs: list[FinishedRun],
     points: list,

@@ -17,11 +17,14 @@ import math
 import re
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ablate.core.tables import markdown_table
 from ablate.report import stats
 from ablate.report.table import write_csv
+
+if TYPE_CHECKING:
+    from ablate.store.study import SweepContext
 
 PREFIX = "probe/"
 BITS = re.compile(r"^bits_(\d+)$")
@@ -61,7 +64,7 @@ def _digits(values: list[float]) -> int:
     return max(3, min(6, 3 - math.floor(math.log10(max(finite)))))
 
 
-def probe_values(ctx: Any, records: list[Any]) -> dict[str, dict[str, float]]:
+def probe_values(ctx: SweepContext, records: list[Any]) -> dict[str, dict[str, float]]:
     """run id -> {metric: value} of its `probe/` metrics, for finished runs."""
     client = ctx.stores.client()
     values = {}
@@ -86,7 +89,7 @@ def summary_groups(values: dict[str, dict[str, float]]) -> dict[tuple[str, str],
     return {key: sorted(groups[key], key=_stat_order) for key in order}
 
 
-def _rows(ctx: Any, records: list[Any]) -> list[tuple[str, str, list[Any]]]:
+def _rows(ctx: SweepContext, records: list[Any]) -> list[tuple[str, str, list[Any]]]:
     """(size, variant, finished records) in the recipe's order; the first of each size is the reference."""
     by_key: dict[tuple[str, str], list[Any]] = defaultdict(list)
     for r in records:
@@ -97,7 +100,7 @@ def _rows(ctx: Any, records: list[Any]) -> list[tuple[str, str, list[Any]]]:
 
 
 def group_tables(
-    ctx: Any,
+    ctx: SweepContext,
     records: list[Any],
     values: dict[str, dict[str, float]],
     probe: str,
@@ -160,7 +163,7 @@ def _summary_row(
 
 
 def plot_vs_bits(
-    ctx: Any,
+    ctx: SweepContext,
     records: list[Any],
     values: dict[str, dict[str, float]],
     probe: str,
@@ -204,7 +207,7 @@ def plot_vs_bits(
     return plot_style.save(fig, path)
 
 
-def write_probe_report(ctx: Any, records: list[Any], folder: Path) -> list[Path]:
+def write_probe_report(ctx: SweepContext, records: list[Any], folder: Path) -> list[Path]:
     """The probe sections into `folder` when any finished run has probe metrics; returns the files written."""
     values = probe_values(ctx, records)
     if not values:
@@ -249,7 +252,7 @@ def write_probe_report(ctx: Any, records: list[Any], folder: Path) -> list[Path]
     return written
 
 
-def _settings(ctx: Any, records: list[Any]) -> dict[str, str]:
+def _settings(ctx: SweepContext, records: list[Any]) -> dict[str, str]:
     """probe -> its settings as tagged on the runs (one text; several when runs differ)."""
     found: dict[str, set[str]] = defaultdict(set)
     for r in records:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table, si
@@ -36,6 +36,9 @@ from ablate.fitting.fit import FitReport
 from ablate.fitting.forms import FORMS
 from ablate.report.fit import ratio_sentence, write_fit
 from ablate.report.table import write_csv
+
+if TYPE_CHECKING:
+    from ablate.store.study import SweepContext
 
 # Figure 3 of the paper: "6.8B Diff matches 11B Transformer (62.2% of the parameters)" (3a) and
 # "Diff with 160B tokens matches Transformer with 251B tokens (63.7%)" (3b).
@@ -286,7 +289,7 @@ def machine_line(recorded: list[str]) -> str:
 
 
 def grid_readme(
-    ctx: Any,
+    ctx: SweepContext,
     fits: dict[str, FitReport],
     where: dict[str, Any],
     rows: dict[str, list[dict[str, Any]]],
@@ -363,7 +366,7 @@ def grid_readme(
 
 
 def write_grid_report(
-    ctx: Any,
+    ctx: SweepContext,
     runs: list[Any],
     reference: str | None,
     folder: Path,

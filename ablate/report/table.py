@@ -17,11 +17,14 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ablate.core.tables import si
 from ablate.data import passes as data_passes
 from ablate.report import stats
+
+if TYPE_CHECKING:
+    from ablate.store.study import SweepContext
 
 METRICS = (("valid", "val/loss"), ("ar_hit", "val/ar_hit"), ("others", "val/others"))
 TRAIN_LOSS_POINTS = 5  # the training loss at a run's end: the mean of its last 5 logged values
@@ -55,7 +58,9 @@ class RunRecord:
         return data_passes.passes(self.tokens, self.split_tokens) if self.tokens else math.nan
 
 
-def collect(ctx: Any, study: Any, with_curves: bool = True, budgets: bool = False) -> list[RunRecord]:
+def collect(
+    ctx: SweepContext, study: Any, with_curves: bool = True, budgets: bool = False
+) -> list[RunRecord]:
     """One record per plan: its latest trial (`reported_trials`), with the MLflow run's final metrics; with
     `budgets`, also one record per smaller budget's run of each trial (its branches, ablate.train.branches)."""
     from optuna.trial import TrialState
@@ -244,7 +249,7 @@ def row_diffs(order: list[str], records: list[RunRecord]) -> dict[tuple[str, str
     return diffs
 
 
-def size_order(ctx: Any, records: list[RunRecord]) -> list[str]:
+def size_order(ctx: SweepContext, records: list[RunRecord]) -> list[str]:
     """The records' sizes in the order the recipe's scale lists them (smallest first, as recipes write
     them), then any the recipe does not name; "" (a recipe without sizes) first."""
     listed = list(ctx.recipe.sizes(ctx.scale) or {})
@@ -253,7 +258,7 @@ def size_order(ctx: Any, records: list[RunRecord]) -> list[str]:
 
 
 def table_rows(
-    ctx: Any,
+    ctx: SweepContext,
     records: list[RunRecord],
     marks: dict[tuple[str, str], str] | None = None,
 ) -> tuple[list[str], list[list[str]], list[dict[str, Any]]]:
@@ -363,7 +368,7 @@ def table_rows(
 AR_HIT_COLUMNS = ("AR-Hit", "Others", "AR-Hit share")
 
 
-def summary_rows(ctx: Any, records: list[RunRecord]) -> list[dict[str, Any]]:
+def summary_rows(ctx: SweepContext, records: list[RunRecord]) -> list[dict[str, Any]]:
     """The table's cells as numbers (summary.csv): per row, each metric's mean and 95% Student-t interval
     over seeds, the paired difference to the first row with its p-value, and whether it survives Holm's
     correction over the table's comparisons."""
@@ -401,7 +406,7 @@ def summary_rows(ctx: Any, records: list[RunRecord]) -> list[dict[str, Any]]:
     return rows
 
 
-def paper_rows(ctx: Any) -> list[dict[str, Any]]:
+def paper_rows(ctx: SweepContext) -> list[dict[str, Any]]:
     """The paper's numbers the recipe quotes per row (`variants.<v>.paper`), with each metric's difference
     to the first row (paper.csv), and the paper's setting when the recipe names it (`paper_reference`)."""
     order = [v for v, spec in ctx.recipe.variants.items() if spec.paper]
@@ -491,7 +496,7 @@ class Honesty:
     layer_rows: list[dict[str, Any]] = field(default_factory=list)  # layer_stats.csv
 
 
-def honesty_checks(ctx: Any, all_records: list[RunRecord], records: list[RunRecord]) -> Honesty:
+def honesty_checks(ctx: SweepContext, all_records: list[RunRecord], records: list[RunRecord]) -> Honesty:
     """`records`: the runs the table shows; `all_records`: every run of the sweep (every searched point)."""
     from ablate.report import checks as rc
 
@@ -548,7 +553,7 @@ def honesty_checks(ctx: Any, all_records: list[RunRecord], records: list[RunReco
     return Honesty(header, marks, notes, convergence, text, layers, grid, layer_rows)
 
 
-def row_labels(ctx: Any) -> dict[str, str]:
+def row_labels(ctx: SweepContext) -> dict[str, str]:
     """Variant -> its label, unique (ablate.recipe.resolve.row_labels)."""
     from ablate.recipe.resolve import row_labels as unique_labels
 
@@ -587,7 +592,7 @@ def precisions(records: list[RunRecord]) -> str:
     return "; ".join(sorted(seen)) or "not recorded"
 
 
-def comparisons_note(ctx: Any, records: list[RunRecord]) -> str:
+def comparisons_note(ctx: SweepContext, records: list[RunRecord]) -> str:
     """How many paired comparisons the table makes, and which of its stars survive Holm's correction;
     then the rows not compared because their runs have other token counts than the reference's."""
     text = _compared_note(ctx, records)
@@ -595,7 +600,7 @@ def comparisons_note(ctx: Any, records: list[RunRecord]) -> str:
     return " ".join(t for t in (text, apart) if t)
 
 
-def _other_budget_rows(ctx: Any, records: list[RunRecord]) -> str:
+def _other_budget_rows(ctx: SweepContext, records: list[RunRecord]) -> str:
     order = list(ctx.recipe.variants)
     labels = row_labels(ctx)
     apart = []
@@ -624,7 +629,7 @@ def _other_budget_rows(ctx: Any, records: list[RunRecord]) -> str:
     return f"Not compared here, their runs being of other lengths: {listed} (`budgets.md` pairs each budget)."
 
 
-def _compared_note(ctx: Any, records: list[RunRecord]) -> str:
+def _compared_note(ctx: SweepContext, records: list[RunRecord]) -> str:
     diffs = {k: d for k, d in row_diffs(list(ctx.recipe.variants), records).items() if d.n >= 2}
     if not diffs:
         return ""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,10 +25,13 @@ from ablate.core.tables import markdown_table
 from ablate.report import stats
 from ablate.report.table import write_csv
 
+if TYPE_CHECKING:
+    from ablate.store.study import SweepContext
+
 CELL_PREFIX = "val/accuracy_cell/"
 
 
-def is_task_recipe(ctx: Any) -> bool:
+def is_task_recipe(ctx: SweepContext) -> bool:
     """True when the sweep's runs read a task (`data.task`) rather than a corpus."""
     return any(run.data.task is not None for run in ctx.runs.values())
 
@@ -43,7 +46,7 @@ def _sort_key(value: str) -> tuple:
     return (numbers, value)
 
 
-def run_metrics(ctx: Any, records: list[Any]) -> dict[tuple[str, int], dict[str, float]]:
+def run_metrics(ctx: SweepContext, records: list[Any]) -> dict[tuple[str, int], dict[str, float]]:
     """(variant, seed) -> final metrics of every finished run."""
     client = ctx.stores.client()
     out = {}
@@ -279,7 +282,7 @@ def plot_heatmaps(
     return paths
 
 
-def write_task_report(ctx: Any, records: list[Any], folder: Path) -> list[Path]:
+def write_task_report(ctx: SweepContext, records: list[Any], folder: Path) -> list[Path]:
     """Write the task tables and heatmaps into `folder` (attached to the parent run with the rest)."""
     order = list(ctx.recipe.variants)
     labels = {k: v.label for k, v in ctx.recipe.variants.items()}

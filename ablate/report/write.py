@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table
@@ -37,8 +37,11 @@ from ablate.store import tracking
 from ablate.store.commands import portable_command
 from ablate.store.export import METRICS_FILE, RUNS_FILE, write_export
 
+if TYPE_CHECKING:
+    from ablate.store.study import SweepContext
 
-def write_report(ctx: Any, study: Any, folder: Path) -> Path:
+
+def write_report(ctx: SweepContext, study: Any, folder: Path) -> Path:
     """Write the report folder as a whole (ablate.report.folder: a reader sees the old one or the new one),
     then attach it to the study's MLflow run."""
     with writing(folder, "ablate report") as into:
@@ -49,7 +52,7 @@ def write_report(ctx: Any, study: Any, folder: Path) -> Path:
     return folder
 
 
-def _write_files(ctx: Any, study: Any, folder: Path) -> str:
+def _write_files(ctx: SweepContext, study: Any, folder: Path) -> str:
     """Every file of the report into `folder`; returns what the verb prints below the table's path."""
     records = collect(ctx, study)
     all_records = records
@@ -179,7 +182,7 @@ def exported_recipe(settings: dict[str, Any]) -> Any:
     return load_recipe(settings["recipe"], [tuple(o) for o in settings["overrides"]], scale=settings["scale"])
 
 
-def export_settings(ctx: Any) -> dict[str, Any]:
+def export_settings(ctx: SweepContext) -> dict[str, Any]:
     """What `ablate report --from` needs besides the runs to write this report again (ablate.store.export)."""
     return {
         "recipe": _inside_checkout(ctx.recipe.path),
@@ -233,7 +236,7 @@ def study_date(study: Any) -> str:
     return end.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC") + " (the last trial's end)"
 
 
-def _attach(ctx: Any, study: Any, folder: Path) -> None:
+def _attach(ctx: SweepContext, study: Any, folder: Path) -> None:
     parent = study.user_attrs.get("mlflow_parent_run_id")
     if not parent:
         return

@@ -17,7 +17,7 @@ import torch
 
 from ablate.hardware.device import DeviceOps, device_ops
 from ablate.hardware.precision import autocast, choose_precision, compute_dtype, training_device
-from ablate.model.cost import model_budget
+from ablate.model.cost import model_cost
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import RunSpec
 
@@ -45,11 +45,11 @@ def calibrate(run: RunSpec, repeats: int = 4, *, ops: DeviceOps | None = None) -
     `train.accelerator` trains on)."""
     model_cfg, train = run.model, run.train
     seq_len, batch = train.seq_len, train.micro_batch_size
-    flops = 3 * model_budget(model_cfg, seq_len).fwd_flops_per_token * seq_len * batch
+    flops = 3 * model_cost(model_cfg, seq_len).fwd_flops_per_token * seq_len * batch
     if flops > REAL_MODEL_LIMIT:
         model_cfg = replace(model_cfg, n_layers=1)
         seq_len, batch = min(seq_len, 256), 1
-        flops = 3 * model_budget(model_cfg, seq_len).fwd_flops_per_token * seq_len * batch
+        flops = 3 * model_cost(model_cfg, seq_len).fwd_flops_per_token * seq_len * batch
     device = training_device(train.accelerator)
     # Accelerators other than CPU and CUDA (mps, tpu) have no clock here: the CPU's rate stands in.
     ops = ops or device_ops(device if device in ("cpu", "cuda") else "cpu", key="train.accelerator")
@@ -102,10 +102,8 @@ def trained_tokens(run: RunSpec, workspace: Path | None = None) -> int:
 def make_plan(runs: list[RunSpec], workspace: Path | None = None) -> Plan:
     trained = {r: trained_tokens(r, workspace) for r in runs}
     tokens = sum(trained.values())
-    flops = sum(
-        3 * model_budget(r.model, r.train.seq_len).fwd_flops_per_token * n for r, n in trained.items()
-    )
-    largest = max(runs, key=lambda r: model_budget(r.model, r.train.seq_len).params)
+    flops = sum(3 * model_cost(r.model, r.train.seq_len).fwd_flops_per_token * n for r, n in trained.items())
+    largest = max(runs, key=lambda r: model_cost(r.model, r.train.seq_len).params)
     flops_per_s, precision, why = calibrate(largest)
     return Plan(
         trials=len(runs),

@@ -56,7 +56,7 @@ from ablate.core.registry import closest
 from ablate.core.tables import format_seconds, markdown_table
 from ablate.hardware.device import CpuOps, DeviceOps
 from ablate.hardware.precision import autocast
-from ablate.model.cost import model_budget
+from ablate.model.cost import model_cost
 from ablate.model.decoder import ModelConfig, attention_kernel, build_model
 from ablate.train.bench_defaults import (  # noqa: F401 (the bench's defaults, read through this module too)
     PEAK_BUDGET_S,
@@ -167,7 +167,7 @@ def build_arms(
             _, runnable, optimizer = models[variant]
             batch = batch_size or max(1, tokens_per_step // n)
             tokens = torch.randint(0, config.vocab_size, (batch, n + 1), generator=generator).to(ops.device)
-            flops = model_budget(config, n).fwd_flops_per_token
+            flops = model_cost(config, n).fwd_flops_per_token
             arms.append(Arm(variant, n, runnable, optimizer, tokens, flops, precision, ops))
     return arms, models
 

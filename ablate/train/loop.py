@@ -308,10 +308,10 @@ class TrainResult:
 
 def shape_tags(run: RunSpec) -> dict[str, str]:
     """What the report's #heads / d / GN columns and the fits' parameter counts read from MLflow."""
-    from ablate.model.cost import attention_shape, model_budget
+    from ablate.model.cost import attention_shape, model_cost
 
     shape = attention_shape(run.model)
-    budget = model_budget(run.model, run.train.seq_len)
+    budget = model_cost(run.model, run.train.seq_len)
     return {
         "ablate.heads": str(shape["heads"]),
         "ablate.head_width": str(shape["d"]),
@@ -404,7 +404,7 @@ def train_run(
         def sink(metrics: dict[str, float], step: int) -> None:
             tracking.log_metrics(client, run_id, metrics, step)
 
-        result = _fit(run, cfg, tokens, folder, sink, progress, callbacks or [], workspace)
+        result = _train(run, cfg, tokens, folder, sink, progress, callbacks or [], workspace)
         sink({"mean_tokens_per_s": result.mean_tokens_per_s}, result.steps)
         if cfg.compile:  # the whole run's, validation's compiling included
             sink({"compile_s": result.compile_seconds}, result.steps)
@@ -433,7 +433,7 @@ def _finish_in_mlflow(client: Any, run_id: str, result: TrainResult) -> None:
 def train_rank(run: RunSpec, *, workspace: Path) -> TrainResult:
     """A rank other than global rank 0 of a multi-device run: the same training, no MLflow, no files."""
     tokens = _load_data(run, Path(workspace))
-    return _fit(run, run.train, tokens, run_dir(workspace, run), None, False, [], workspace)
+    return _train(run, run.train, tokens, run_dir(workspace, run), None, False, [], workspace)
 
 
 def _record_passes(client: Any, run_id: str, run: RunSpec, data: Any) -> None:
@@ -468,7 +468,7 @@ def _load_data(run: RunSpec, workspace: Path) -> Any:
     return task
 
 
-def _fit(
+def _train(
     run: RunSpec,
     cfg: TrainConfig,
     tokens: Any,

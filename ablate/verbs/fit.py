@@ -6,10 +6,13 @@ fit's folder written again from its export (`--from`: no store).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ablate.core.errors import UserError
 from ablate.verbs.options import Shared, load, shared
+
+if TYPE_CHECKING:
+    from ablate.store.study import SweepContext
 
 
 @shared("scale", "workspace", "tracking_uri", "storage")
@@ -124,7 +127,7 @@ def run_fit_recipe(
 
 
 def _fit_form(
-    ctx: Any,
+    ctx: SweepContext,
     runs: list,
     records: list,
     form: str,
@@ -162,7 +165,7 @@ def _fit_form(
 
 
 def _write_fit(
-    ctx: Any,
+    ctx: SweepContext,
     study: Any,
     client: Any,
     runs: list,

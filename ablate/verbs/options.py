@@ -17,6 +17,7 @@ from ablate.core.errors import UserError
 
 if TYPE_CHECKING:
     from ablate.store.stores import Stores
+    from ablate.store.study import SweepContext
 
 DEFAULT_WORKSPACE = "ablate-runs"
 
@@ -129,7 +130,13 @@ def sweep_context(
 
 
 def launcher_start(
-    ctx: Any, name: str | None, workers: int, *, wait: bool, overrides: list | None, after_trial: Any = None
+    ctx: SweepContext,
+    name: str | None,
+    workers: int,
+    *,
+    wait: bool,
+    overrides: list | None,
+    after_trial: Any = None,
 ) -> Callable[[Any, Any], bool]:
     """The launcher `name` (default: the recipe's `launcher.name`) checked now, before anything is enqueued;
     returns what starts its workers on a study (ablate.sweep.launchers)."""
@@ -141,7 +148,7 @@ def launcher_start(
     )
 
 
-def print_ui_link(ctx: Any, opts: Shared) -> None:
+def print_ui_link(ctx: SweepContext, opts: Shared) -> None:
     """How to open the sweep's runs in the MLflow UI: the command, and the link to its comparison view."""
     from ablate.store.stores import sweep_runs_url
 

@@ -17,7 +17,7 @@ from cli_helpers import assert_one_line_error, run_cli
 from ablate.core.errors import UserError
 from ablate.hardware.device import CpuOps, CudaOps, device_ops
 from ablate.hardware.precision import ENV, autocast
-from ablate.model.cost import model_budget
+from ablate.model.cost import model_cost
 from ablate.recipe.resolve import load_recipe
 from ablate.sweep.estimate import calibrate
 from ablate.train.bench import (
@@ -280,7 +280,7 @@ def test_cuda_path_synchronizes_around_every_timed_region_and_reads_the_cuda_pea
     )  # per arm
     rows = list(csv.DictReader(open(folder / "bench.csv", newline="")))
     (run,) = load_recipe(RECIPE).resolve("tiny", seeds=[0], variants=["transformer"])
-    achieved = 3 * model_budget(run.config["model"], 32).fwd_flops_per_token * 64 / 2.0
+    achieved = 3 * model_cost(run.config["model"], 32).fwd_flops_per_token * 64 / 2.0
     assert achieved > 2 * 128**3  # the premise: the stand-in clock's peak is below the model's own rate
     for row in rows:
         assert float(row["train_tok_s"]) == pytest.approx(64 / 2.0)  # 2 x 32 tokens per step, 2 s
@@ -353,7 +353,7 @@ def test_calibration_times_on_the_device_clock_in_the_chosen_precision(monkeypat
         run, repeats=2, ops=CudaOps(torch.device("cpu"), cuda=cuda, clock=cuda.clock)
     )
     train = run.train
-    step_flops = 3 * model_budget(run.config["model"], train.seq_len).fwd_flops_per_token * train.seq_len
+    step_flops = 3 * model_cost(run.config["model"], train.seq_len).fwd_flops_per_token * train.seq_len
     assert rate == pytest.approx(step_flops * train.micro_batch_size / 1.0)  # each step: 1 s on the stand-in
     assert (precision, why) == (
         "32-true",

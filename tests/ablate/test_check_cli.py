@@ -12,7 +12,7 @@ from cli_helpers import TABLE6_VARIANTS, assert_one_line_error, run_cli
 from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.cli import main
-from ablate.model.cost import model_budget
+from ablate.model.cost import model_cost
 from ablate.model.decoder import build_model
 from ablate.recipe.check import CHECK_COLUMNS
 from ablate.recipe.resolve import load_recipe
@@ -122,7 +122,7 @@ def test_check_prints_the_budget_module_numbers(capsys):
     assert code == 0, err
     rows = check_rows(out)
     for run in load_recipe(TABLE6).resolve("tiny"):
-        budget = model_budget(run.config["model"], run.config["train"]["seq_len"])
+        budget = model_cost(run.config["model"], run.config["train"]["seq_len"])
         assert rows[run.variant]["params"] == f"{budget.params:,}"
         assert si_value(rows[run.variant]["FLOPs/token (fwd)"]) == pytest.approx(
             budget.fwd_flops_per_token, rel=0.005
@@ -214,7 +214,7 @@ def test_plugin_from_imports_is_built_by_name(tmp_path, capsys, plugin_path):
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         logits = model(x)
     assert logits.shape == (1, 32, 256)
-    budget = model_budget(run.config["model"], 32)
+    budget = model_cost(run.config["model"], 32)
     assert budget.params == sum(p.numel() for p in model.parameters())
     assert budget.fwd_flops_per_token == pytest.approx(counter.get_total_flops() / 32, rel=0.01)
 

@@ -16,7 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.core import contract
 from ablate.core.registry import build
-from ablate.model.cost import model_budget
+from ablate.model.cost import model_cost
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import load_recipe
 
@@ -133,13 +133,13 @@ def test_counted_flops_of_the_readme_example(readme_module):
 
 def test_a_model_with_a_counted_component_is_budgeted(readme_module):
     config = {"vocab_size": 97, "d_model": D_MODEL, "n_layers": 2, "head_dim": HEAD_DIM, "attention": "gated"}
-    budget = model_budget(config, SEQ)
+    budget = model_cost(config, SEQ)
     assert budget.counted == ("attention",)
     model = build_model(config, seed=0)
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(torch.randint(0, 97, (1, SEQ)))
     assert budget.fwd_flops_per_token == pytest.approx(counter.get_total_flops() / SEQ, rel=0.01)
-    assert model_budget({**config, "attention": "softmax"}, SEQ).counted == ()
+    assert model_cost({**config, "attention": "softmax"}, SEQ).counted == ()
     # counting the real model (weights on the CPU) gives the same, and runs on a copy: the real model still
     # computes (its RoPE cache holds no fake tensors) and its weights are untouched
     before = {n: p.clone() for n, p in model.named_parameters()}

@@ -10,7 +10,7 @@ import yaml
 from cli_helpers import assert_one_line_error, run_cli
 
 from ablate.core.errors import UserError
-from ablate.model.cost import model_budget
+from ablate.model.cost import model_cost
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import load_recipe
 
@@ -54,9 +54,9 @@ def test_diff_v2_recipe_is_matched_at_every_scale_and_prints_the_solved_width(ca
     h = d_model // (2 * d)
     attention = d_model * 2 * h * d + 2 * d_model * h * d + h * d * d_model + d_model * h
     hidden = build_model(model, device="meta").blocks[0].ffn.hidden
-    assert model_budget(model, 64).params == swiglu_params(vocab, d_model, layers, hidden, attention)
+    assert model_cost(model, 64).params == swiglu_params(vocab, d_model, layers, hidden, attention)
     target = swiglu_params(vocab, d_model, layers, round(8 / 3 * d_model), 4 * d_model * d_model)
-    assert model_budget(runs["transformer"].config["model"], 64).params == target
+    assert model_cost(runs["transformer"].config["model"], 64).params == target
     # the nearest whole hidden width: one unit more or less would be further from the Transformer
     assert all(
         abs(swiglu_params(vocab, d_model, layers, hidden, attention) - target)
@@ -101,7 +101,7 @@ def test_match_on_flops(tmp_path, capsys):
     code, out, err = run_cli(capsys, "check", path)
     assert code == 0, err
     runs = {run.variant: run for run in load_recipe(path).resolve()}
-    budgets = {k: model_budget(r.config["model"], r.config["train"]["seq_len"]) for k, r in runs.items()}
+    budgets = {k: model_cost(r.config["model"], r.config["train"]["seq_len"]) for k, r in runs.items()}
     hidden = build_model(runs["gelu"].config["model"], device="meta").blocks[0].ffn.hidden
     assert abs(hidden - 1.5 * round(8 / 3 * 128)) <= 1  # 2 matrices instead of 3: 1.5 x the width
     assert budgets["gelu"].fwd_flops_per_token == pytest.approx(

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ablate.model.cost import model_budget, relative_deviation
+from ablate.model.cost import model_cost, relative_deviation
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import load_recipe
 
@@ -76,24 +76,24 @@ def hand_count(
 def test_params_equal_the_built_model(name):
     config = CONFIGS[name]
     model = build_model(config, seed=0)
-    assert model_budget(config, SEQ).params == sum(p.numel() for p in model.parameters())
+    assert model_cost(config, SEQ).params == sum(p.numel() for p in model.parameters())
 
 
 def test_params_match_a_hand_count():
     hidden = round(128 * 8 / 3)  # 341
-    assert model_budget(TINY["transformer"], SEQ).params == hand_count(2048, 128, 4, hidden) == 1_311_360
+    assert model_cost(TINY["transformer"], SEQ).params == hand_count(2048, 128, 4, hidden) == 1_311_360
     # diff adds four λ vectors of width d = 16 and the per-head norm over 2d = 32 channels per layer
-    assert model_budget(TINY["diff"], SEQ).params == hand_count(
+    assert model_cost(TINY["diff"], SEQ).params == hand_count(
         2048, 128, 4, hidden, per_layer_extra=4 * 16 + 32
     )
-    assert model_budget(TINY["diff_no_gn"], SEQ).params == hand_count(
+    assert model_cost(TINY["diff_no_gn"], SEQ).params == hand_count(
         2048, 128, 4, hidden, per_layer_extra=4 * 16
     )
-    assert model_budget(EXTRA["diff_tied"], SEQ).params == hand_count(
+    assert model_cost(EXTRA["diff_tied"], SEQ).params == hand_count(
         2048, 128, 4, hidden, tied=True, per_layer_extra=4 * 16 + 32
     )
     # GQA with 2 kv heads of width 16: k and v map 128 -> 32
-    gqa = model_budget(EXTRA["softmax_gqa"], SEQ).params
+    gqa = model_cost(EXTRA["softmax_gqa"], SEQ).params
     assert gqa == hand_count(2048, 128, 4, hidden) - 4 * 2 * 128 * (128 - 32)
 
 
@@ -101,9 +101,9 @@ def test_paper_scale_params_match_a_hand_count():
     """The 1.4B row of Table 10 (vocab 100,288, d_model 2048, 24 layers, FFN 8/3 d_model), counted on meta."""
     paper = _tiny("paper")
     assert (
-        model_budget(paper["transformer"], 2048).params == hand_count(100288, 2048, 24, 5461) == 1_618_790_400
+        model_cost(paper["transformer"], 2048).params == hand_count(100288, 2048, 24, 5461) == 1_618_790_400
     )
-    assert model_budget(paper["diff"], 2048).params == hand_count(
+    assert model_cost(paper["diff"], 2048).params == hand_count(
         100288, 2048, 24, 5461, per_layer_extra=4 * 128 + 256
     )
 
@@ -115,7 +115,7 @@ def test_non_embedding_params_leave_out_embedding_and_untied_head(name):
     total = sum(p.numel() for p in model.parameters())
     embedding = model.embed.weight.numel()
     head = 0 if config["tie_embeddings"] else model.lm_head.weight.numel()
-    budget = model_budget(config, SEQ)
+    budget = model_cost(config, SEQ)
     assert budget.non_embedding_params == total - embedding - head
     blocks = sum(p.numel() for p in model.blocks.parameters()) + model.final_norm.weight.numel()
     assert budget.non_embedding_params == blocks
@@ -127,7 +127,7 @@ def test_non_embedding_params_leave_out_embedding_and_untied_head(name):
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_forward_flops_match_flop_counter(name):
     config = CONFIGS[name]
-    budget = model_budget(config, SEQ)
+    budget = model_cost(config, SEQ)
     counted = counted_flops(config) / SEQ
     assert budget.fwd_flops_per_token == pytest.approx(counted, rel=0.01)
     assert budget.train_flops_per_token == 3 * budget.fwd_flops_per_token
@@ -137,7 +137,7 @@ def test_forward_flops_match_flop_counter(name):
 def test_flops_grow_with_the_sequence_through_the_attention_maps():
     """Per token, the dense maps cost 2 x 2 x N x d_model per layer more when N grows (FlopCounterMode agrees)."""
     config = TINY["diff"]
-    short, long = model_budget(config, 32), model_budget(config, 96)
+    short, long = model_cost(config, 32), model_cost(config, 96)
     per_token_map_cost = 2 * 2 * 128 * 4  # QK^T and AV, per token per unit of N, 4 layers
     assert long.fwd_flops_per_token - short.fwd_flops_per_token == pytest.approx(
         per_token_map_cost * (96 - 32)
@@ -149,7 +149,7 @@ def test_table6_variants_are_matched_at_every_scale():
     for scale in ("tiny", "small", "paper"):
         models = _tiny(scale)
         seq = load_recipe(TABLE6).resolve(scale)[0].config["train"]["seq_len"]
-        budgets = {name: model_budget(config, seq) for name, config in models.items()}
+        budgets = {name: model_cost(config, seq) for name, config in models.items()}
         ref = budgets["transformer"]
         for name, b in budgets.items():
             assert abs(relative_deviation(b.params, ref.params)) <= 0.02, (scale, name)
@@ -163,7 +163,7 @@ def test_built_ins_are_counted_by_hand_and_describe_their_attention():
     from ablate.model.cost import attention_shape
 
     for name, config in CONFIGS.items():
-        assert model_budget(config, SEQ).counted == (), name
+        assert model_cost(config, SEQ).counted == (), name
     assert attention_shape(TINY["diff_lambda_05"]) == {
         "attention": "diff",
         "heads": "4",

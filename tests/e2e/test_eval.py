@@ -19,9 +19,9 @@ from mini_project import cli_command, run_cli, write_recipe
 from ablate.cli import main
 from ablate.core.errors import UserError
 from ablate.probes.run import eval_settings, probe_after_trial
-from ablate.verbs.eval import run_eval
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
+from ablate.verbs.eval import run_eval
 
 SLOW_PROBE = '''
 """A plugin probe for the kill test: it records each call as a file and, while `block` exists, hangs on

@@ -20,7 +20,8 @@ from ablate.store.stores import Stores
 def test_each_worker_gets_its_own_devices_and_a_ddp_trial_gets_several():
     assert sweep_local.worker_devices(4, 1, ["0", "1", "2", "3"]) == ["0", "1", "2", "3"]
     assert sweep_local.worker_devices(2, 2, ["0", "1", "2", "3"]) == ["0,1", "2,3"]
-    assert sweep_local.worker_devices(2, 1, ["4", "6"]) == ["4", "6"]  # within the user's CUDA_VISIBLE_DEVICES
+    # within the user's CUDA_VISIBLE_DEVICES
+    assert sweep_local.worker_devices(2, 1, ["4", "6"]) == ["4", "6"]
     assert sweep_local.worker_devices(3, 1, []) == [None, None, None]  # no GPU: the CPU cores, shared
     with pytest.raises(UserError, match=r"--workers: 3 workers x 2 device\(s\) per trial need 6 GPUs, this "):
         sweep_local.worker_devices(3, 2, ["0", "1", "2", "3"])
