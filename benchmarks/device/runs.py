@@ -42,7 +42,7 @@ D_START_S = 20.0  # a trial's start: imports, the model, the Trainer, the first 
 D_BRANCH_S = 6.0  # each cooldown branch's start (a Trainer resumed from the branch checkpoint)
 D_SWEEP_S = 30.0  # `ablate sweep --no-train`: the plan, the BPE-2048 tokenizer trained on stdlib
 D_SAFETY = 1.3  # the expected time times this must fit the box
-D_MULTIPLIERS = (8, 4, 2, 1, 1 / 2, 1 / 4, 1 / 8)  # of the CPU study's budgets, largest first
+D_MULTIPLIERS = (8, 4, 2, 1, 1 / 2, 1 / 4, 1 / 8, 1 / 16)  # of the CPU study's budgets, largest first
 
 
 class DSizing(NamedTuple):

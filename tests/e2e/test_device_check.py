@@ -105,6 +105,9 @@ def test_part_d_is_sized_to_land_in_its_box():
         )
     assert runs.d_sizing(405.0, 3).multiplier >= 1 > runs.d_sizing(135.0, 3).multiplier
     assert not runs.d_sizing(10.0, 3).fits
+    # the whole run's plan, every part in: d lands in what the others leave it
+    plan = subprocess.run([sys.executable, str(CHECK), "--plan"], capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0 and "| d |" in plan.stdout and "over the box" not in plan.stdout, plan.stdout
 
 
 def wait_for(path: Path, part: str, proc: subprocess.Popen, timeout_s: float = 1500) -> None:
