@@ -109,6 +109,10 @@ def command_line() -> str:
     return command_text(sys.argv[1:]) if sys.argv and "ablate" in sys.argv[0] else "ablate sweep"
 
 
+# The name of a study's sweep lock (ablate.sweep.lock), a study of its own in the same storage.
+SWEEP_LOCK_SUFFIX = ":sweep-lock"
+
+
 def open_study(ctx: SweepContext, create: bool = True):
     import optuna
 
@@ -235,7 +239,7 @@ def load_finished_study(ctx: SweepContext, verb: str):
         raise UserError(f"{no_runs}: no sweep in workspace {workspace}; run {sweep_hint(ctx)} first")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = ctx.stores.storage()
-    names = optuna.get_all_study_names(storage)
+    names = [n for n in optuna.get_all_study_names(storage) if not n.endswith(SWEEP_LOCK_SUFFIX)]
     if ctx.study_name not in names:
         mine = sorted(n for n in names if n == ctx.recipe.name or n.startswith(ctx.recipe.name + "-"))
         there = f" (studies of this recipe there: {', '.join(mine)})" if mine else ""

@@ -13,6 +13,7 @@ finished twice. Optuna's own heartbeat exists only for RDB storages, hence this.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import threading
@@ -72,10 +73,15 @@ def claim_waiting(study: Any, storage: Any):
 def is_stale(trial: Any, grace_period: float, now: float | None = None) -> bool:
     """Is the worker of this RUNNING trial gone?"""
     attrs = trial.user_attrs
-    host, pid = attrs.get("worker_host"), attrs.get("worker_pid")
+    beat = attrs.get("heartbeat") or (trial.datetime_start.timestamp() if trial.datetime_start else None)
+    return worker_gone(attrs.get("worker_host"), attrs.get("worker_pid"), beat, grace_period, now)
+
+
+def worker_gone(host: Any, pid: Any, beat: Any, grace_period: float, now: float | None = None) -> bool:
+    """Is the process `pid` on `host`, last heard of at `beat` (a timestamp), gone? On this host its pid
+    says so; elsewhere a heartbeat older than `grace_period` seconds."""
     if host == socket.gethostname() and pid and not _pid_alive(int(pid)):
         return True
-    beat = attrs.get("heartbeat") or (trial.datetime_start.timestamp() if trial.datetime_start else None)
     return beat is not None and (now or time.time()) - float(beat) > grace_period
 
 
@@ -135,26 +141,80 @@ def placement() -> dict[str, str]:
     return {k: v for k, v in found.items() if v}
 
 
-class Heartbeat:
-    """Writes host, pid and a timestamp into a running trial every few seconds."""
+class TrialTakenOver(Exception):
+    """This worker's trial was failed and handed to another worker (its heartbeat was older than the grace
+    period: the worker was paused, or cut off from the storage); it stops training it (ablate.sweep.worker)."""
 
-    def __init__(self, trial: Any, interval: float = HEARTBEAT_SECONDS):
-        self.trial, self.interval = trial, interval
+
+class Heartbeat:
+    """Writes host, pid and a timestamp into a running trial every `interval` seconds, and notices when the
+    trial is no longer this worker's: another worker failed it as stale and enqueued its retry (`lost` then
+    says why, and the worker loop stops training it at the next step), or no heartbeat could be written for
+    longer than `grace_period` (another worker may have taken it)."""
+
+    def __init__(
+        self, trial: Any, storage: Any, grace_period: float = math.inf, interval: float | None = None
+    ):
+        self.trial, self.storage, self.grace_period = trial, storage, grace_period
+        self.interval = HEARTBEAT_SECONDS if interval is None else interval
+        self.trial_id = trial_id(trial.study, storage, trial.number)
+        self.lost: str | None = None
         self._stop = threading.Event()
-        trial.set_user_attr("worker_host", socket.gethostname())
-        trial.set_user_attr("worker_pid", os.getpid())
-        for attr, value in placement().items():  # `ablate status` shows where a trial runs
+        self.owner = {"worker_host": socket.gethostname(), "worker_pid": os.getpid()}
+        for attr, value in {**self.owner, **placement()}.items():  # `ablate status` shows where it runs
             trial.set_user_attr(attr, value)
         trial.set_user_attr("heartbeat", time.time())
         self._thread = threading.Thread(target=self._beat, daemon=True)
         self._thread.start()
 
     def _beat(self) -> None:
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        written, said = time.time(), False
         while not self._stop.wait(self.interval):
             try:
-                self.trial.set_user_attr("heartbeat", time.time())
-            except Exception:  # the trial finished meanwhile, or the storage hiccuped: next beat retries
-                pass
+                self.lost = self._taken()
+                if self.lost is None:
+                    self.trial.set_user_attr("heartbeat", time.time())
+                    written = time.time()
+                    continue
+            except UpdateFinishedTrialError:  # finished between the look and the write
+                self.lost = f"trial {self.trial.number} was finished by another process"
+            except Exception as e:  # noqa: BLE001 - the storage is unreachable (a database, a file system)
+                silent = time.time() - written
+                error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+                if silent <= self.grace_period:
+                    if not said:
+                        print(f"[sweep] trial {self.trial.number}: heartbeat not written ({error}); retrying")
+                        said = True
+                    continue
+                self.lost = (
+                    f"no heartbeat written for {silent:.0f} s ({error}), longer than the grace period of "
+                    f"{self.grace_period:g} s: another worker may have taken trial {self.trial.number} over"
+                )
+            return
+
+    def _taken(self) -> str | None:
+        """Why the trial is no longer this worker's, or None while it is."""
+        from optuna.trial import TrialState
+
+        frozen = self.storage.get_trial(self.trial_id)
+        if frozen.state != TrialState.RUNNING:
+            reason = frozen.user_attrs.get("failure_reason")
+            return (
+                f"trial {frozen.number} is {frozen.state.name}"
+                + (f" ({reason})" if reason else "")
+                + ": another worker found it stale and enqueued its retry"
+            )
+        holder = {k: frozen.user_attrs.get(k) for k in self.owner}
+        if holder != self.owner:
+            return f"trial {frozen.number} is run by host {holder['worker_host']}, pid {holder['worker_pid']}"
+        return None
+
+    def check(self) -> None:
+        """Raise `TrialTakenOver` once the trial is no longer this worker's."""
+        if self.lost is not None:
+            raise TrialTakenOver(self.lost)
 
     def stop(self) -> None:
         self._stop.set()

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import lightning as L
+
 from ablate.core.errors import UserError
 from ablate.core.tables import format_seconds
 from ablate.recipe.resolve import RunSpec
@@ -18,7 +20,13 @@ from ablate.recipe.search import point_label
 from ablate.store import tracking
 from ablate.store.study import SweepContext, progress_counts, trial_plan
 from ablate.sweep import preemption
-from ablate.sweep.queue import Heartbeat, claim_waiting, fail_and_requeue, recover_stale
+from ablate.sweep.queue import (
+    Heartbeat,
+    TrialTakenOver,
+    claim_waiting,
+    fail_and_requeue,
+    recover_stale,
+)
 
 # What runs when a trial's run has finished, before the trial is told: (the run, its MLflow run id).
 AfterTrial = Callable[[RunSpec, str], None]
@@ -100,7 +108,7 @@ def run_trial(
     plan = trial_plan(trial)
     sampled = {d.key: d.suggest(trial) for d in ctx.search.dimensions}  # enqueued grid points come back fixed
     run = ctx.run_for_plan(plan, sampled)
-    heartbeat = Heartbeat(trial)
+    heartbeat = Heartbeat(trial, storage, ctx.grace_period)
     try:
         client = ctx.stores.client()
         trial_tags = {"ablate.trial": str(trial.number), "ablate.study": ctx.study_name}
@@ -117,7 +125,9 @@ def run_trial(
         }.items():
             trial.set_user_attr(key, value)
         _print_progress(ctx, study, run, workers, sampled)
-        callbacks = [PruningCallback(trial)] if ctx.search.pruner.get("name", "none") != "none" else []
+        callbacks: list[L.Callback] = [StopWhenTakenOver(heartbeat)]
+        if ctx.search.pruner.get("name", "none") != "none":
+            callbacks.append(PruningCallback(trial))
         if preemption.armed():
             callbacks.append(
                 preemption.CheckpointOnWarning(lambda step: trial.set_user_attr("preempted_at", step))
@@ -136,7 +146,12 @@ def run_trial(
             extra_tags=trial_tags,
             callbacks=callbacks,
             on_result=record_budget,
+            folder_wait=ctx.grace_period,  # a worker that lost the trial stops at its next step
         )[0]
+    except TrialTakenOver as e:  # the other worker trains it now: not handed back again
+        heartbeat.stop()
+        print(f"[sweep] {run.name}: stopped training: {e}; this worker goes on with other trials", flush=True)
+        return
     except Diverged as e:
         heartbeat.stop()
         trial.set_user_attr("failure_reason", f"diverged: {e}")
@@ -161,6 +176,16 @@ def run_trial(
     heartbeat.stop()
     study.tell(trial, result.val_loss)
     print(f"[sweep] {result.summary()}", flush=True)
+
+
+class StopWhenTakenOver(L.Callback):
+    """Stops training at the end of the step in which the heartbeat found the trial taken over."""
+
+    def __init__(self, heartbeat: Heartbeat):
+        self.heartbeat = heartbeat
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.heartbeat.check()
 
 
 def _print_progress(

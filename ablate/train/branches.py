@@ -145,11 +145,13 @@ def train_budgets(
     extra_tags: dict[str, str] | None = None,
     callbacks: list[L.Callback] | None = None,
     on_result: Any = None,
+    folder_wait: float = 0.0,
 ) -> list[TrainResult]:
     """Train `run` to its largest budget, then each smaller budget's cooldown from its branch point.
 
     Returns the results, longest first; `on_result(run, result)` is called as each one finishes (the sweep
-    records it in the trial at once). A run without budgets is just trained."""
+    records it in the trial at once). A run without budgets is just trained. `folder_wait`: how long to wait
+    for another process training a run folder to stop (train_run)."""
     workspace = stores.workspace
     branches = run.branches()
     paths: dict[int, list[Path]] = {}
@@ -166,6 +168,7 @@ def train_budgets(
         progress=progress,
         extra_tags={**(extra_tags or {}), **(budget_tags(run) if branches else {}), **continued},
         callbacks=[*(callbacks or []), *([BranchPoints(paths)] if branches else [])],
+        folder_wait=folder_wait,
     )
     if branches:
         _keep_latest(workspace, run, longest.run_id)
@@ -191,6 +194,7 @@ def train_budgets(
                 "ablate.branched_from": longest.run_id,
                 "ablate.branch_step": str(branch.train.cooldown_start),
             },
+            folder_wait=folder_wait,
         )
         results.append(result)
         if on_result:

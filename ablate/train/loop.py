@@ -350,11 +350,38 @@ def train_run(
     progress: bool = True,
     extra_tags: dict[str, str] | None = None,
     callbacks: list[L.Callback] | None = None,
+    folder_wait: float = 0.0,
 ) -> TrainResult:
     """Train `run` (or resume it from its last checkpoint); returns the final validation metrics.
 
-    Raises `Diverged` after marking the MLflow run FAILED with the reason.
+    One process at a time trains a run folder (ablate.train.folder_lock): while another holds it, this one
+    waits up to `folder_wait` seconds, then stops in one line. Raises `Diverged` after marking the MLflow run
+    FAILED with the reason.
     """
+    from ablate.train import folder_lock, launch
+
+    if launch.global_rank(run.train) != 0:  # the other ranks train with rank 0, which holds the folder
+        return train_rank(run, workspace=stores.workspace)
+    with folder_lock.training(run_dir(stores.workspace, run), wait=folder_wait):
+        return _train_run(
+            run,
+            stores,
+            parent_run_id=parent_run_id,
+            progress=progress,
+            extra_tags=extra_tags,
+            callbacks=callbacks,
+        )
+
+
+def _train_run(
+    run: RunSpec,
+    stores: Stores,
+    *,
+    parent_run_id: str | None,
+    progress: bool,
+    extra_tags: dict[str, str] | None,
+    callbacks: list[L.Callback] | None,
+) -> TrainResult:
     from ablate.train import launch
 
     cfg = run.train

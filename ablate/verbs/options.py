@@ -117,6 +117,7 @@ def sweep_context(
     from ablate.recipe.search import SearchSpec, load_search_spec
     from ablate.store.study import SweepContext
 
+    grace_period_checked(grace_period)
     loaded = load(recipe, overrides, opts.scale)
     return SweepContext(
         recipe=loaded,
@@ -127,6 +128,27 @@ def sweep_context(
         search_path=search,
         grace_period=grace_period,
     )
+
+
+# A worker's heartbeat can miss a beat or two (a slow storage, a long step holding the interpreter): the
+# grace period is at least this many heartbeats, or busy workers would be taken for dead.
+GRACE_HEARTBEATS = 3
+
+
+def grace_period_checked(seconds: float) -> float:
+    """`--grace-period`: a finite number of seconds, at least GRACE_HEARTBEATS heartbeats; else one line."""
+    import math
+
+    from ablate.sweep.queue import HEARTBEAT_SECONDS
+
+    least = GRACE_HEARTBEATS * HEARTBEAT_SECONDS
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < least:
+        raise UserError(
+            f"--grace-period: {seconds!r} is not a number of seconds a worker may go without a heartbeat; "
+            f"give a finite number of at least {least:g} ({GRACE_HEARTBEATS} heartbeats of "
+            f"{HEARTBEAT_SECONDS:g} s)"
+        )
+    return float(seconds)
 
 
 def launcher_start(

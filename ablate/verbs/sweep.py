@@ -93,12 +93,32 @@ def run_sweep(
 ) -> Path | None:
     """Plan, enqueue, start the workers (`start(study, storage)`: ablate.sweep.launchers; None: enqueue only,
     for `ablate worker`s elsewhere), then report. Returns the report folder, or None while trials go on."""
-    from ablate.store.study import command_line, open_study
+    from ablate.store.study import open_study
+
+    study, storage = open_study(ctx)
+    with hold_sweep(ctx, storage):
+        return _run_sweep(ctx, study, storage, start=start, yes=yes, reports=reports)
+
+
+def hold_sweep(ctx: SweepContext, storage: Any) -> Any:
+    """The study's sweep lock (ablate.sweep.lock): one `ablate sweep` per study, another one refused in a
+    line that gives the `ablate worker` command joining it."""
+    from ablate.store.commands import command_text
+    from ablate.sweep.lock import SweepLock
+    from ablate.sweep.worker import worker_argv
+
+    join = f"`{command_text(worker_argv(ctx, [])[0])}`"
+    return SweepLock(storage, ctx.study_name, ctx.grace_period, join=join)
+
+
+def _run_sweep(
+    ctx: SweepContext, study: Any, storage: Any, *, start: Any, yes: bool, reports: Path | None
+) -> Path | None:
+    from ablate.store.study import command_line
     from ablate.sweep.extend import check_extension, enqueue_extensions
     from ablate.sweep.queue import enqueue_missing, pending_plans
     from ablate.sweep.worker import parent_run_id
 
-    study, storage = open_study(ctx)
     check_extension(ctx, study)
     plans = ctx.plans()
     pending = pending_plans(study, plans, ctx)
