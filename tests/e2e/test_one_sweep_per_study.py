@@ -203,3 +203,15 @@ def test_a_worker_whose_trial_was_handed_away_stops_training_it(tmp_path, capsys
     assert not (folder / "result.json").exists()  # it stopped, long before step 6000
     with training(folder):  # and let go of the run folder for the worker that trains it now
         pass
+
+
+def test_final_is_refused_while_trials_of_the_study_wait(tmp_path, capsys):
+    recipe = write_recipe(tmp_path)
+    workspace = tmp_path / "ws"
+    argv = ["sweep", str(recipe), "--workspace", str(workspace), "--yes", "--reports", str(tmp_path / "rep")]
+    assert main([*argv, "--no-train"]) == 0  # enqueued for `ablate worker`s: two trials wait
+    journal = (workspace / "optuna.journal").read_bytes()
+    capsys.readouterr()
+    _one_line(capsys, main([*argv, "--final"]), "--final: study 'mini' has 2 trials waiting and 0 running")
+    assert (workspace / "optuna.journal").read_bytes() == journal  # nothing started, nothing changed
+    assert not (tmp_path / "rep").exists()
