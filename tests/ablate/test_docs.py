@@ -34,6 +34,11 @@ RUN_BY: list[tuple[str, str, dict[str, str]]] = [
         {},  # with two steps per row on the mini corpus (`--base.train.*` overrides)
     ),
     ("pip install torch==2.13.0 -e '.[dev]'", ".ci/run", {}),
+    (
+        "ablate prepare pypi-sdists",
+        "tests/ablate/test_builtin_corpus.py::test_prepare_builds_a_builtin_corpus_by_name",
+        {},  # the name's manifest pointed at small archives the test makes: no network in tests
+    ),
     ("python -m pytest", ".ci/run", {}),
     (
         "ablate check recipes/table6.yaml",
