@@ -42,9 +42,14 @@ class Stores:
 
     def mlflow_uri(self) -> str:
         """The tracking URI MLflow opens: the given one, or the workspace's SQLite file."""
+        from ablate.store import sqlite_store
+
         if self.tracking_uri:
-            return tracking.database_url(self.tracking_uri)
-        return f"sqlite:///{tracking.ensure_workspace(self.workspace) / 'mlflow.db'}"
+            uri = tracking.database_url(self.tracking_uri)
+        else:
+            uri = f"sqlite:///{tracking.ensure_workspace(self.workspace) / 'mlflow.db'}"
+        sqlite_store.check(uri)  # an older MLflow's SQLite store is copied before it is migrated
+        return uri
 
     def client(self) -> Any:
         """An `MlflowClient` of the tracking store (or, for an export, its runs read with no store)."""
@@ -77,7 +82,15 @@ class Stores:
             # The O_EXCL lock file Optuna recommends on NFSv3+, so workers on several nodes of a shared
             # filesystem take turns (it excludes the default symlink lock too: both are `<path>.lock`).
             lock = JournalFileOpenLock(str(path))
-            return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
+            try:  # the journal is replayed here: a damaged line fails now, not in some later read
+                return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
+            except (ValueError, TypeError, KeyError, AssertionError, AttributeError, IndexError) as e:
+                raise UserError(
+                    f"--storage: {path} is not a readable Optuna journal ({type(e).__name__}: "
+                    f"{(str(e).splitlines() or [''])[0][:120]}); move it aside (mv {path} {path}.damaged) and "
+                    "run the sweep again: its finished runs stay in MLflow and their run folders, and are not "
+                    "trained again"
+                ) from None
         if "://" not in url:
             raise UserError(
                 f"--storage: {url!r} is not a URL; use postgresql://user@host/db, sqlite:///file.db "

@@ -362,6 +362,7 @@ def train_run(
 
     if launch.global_rank(run.train) != 0:  # the other ranks train with rank 0, which holds the folder
         return train_rank(run, workspace=stores.workspace)
+    stores.mlflow_uri()  # a damaged or foreign tracking store is one line before anything is written
     with folder_lock.training(run_dir(stores.workspace, run), wait=folder_wait):
         return _train_run(
             run,

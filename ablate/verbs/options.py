@@ -82,11 +82,11 @@ def load(path: str, overrides: list | None, scale: str | None = None) -> Any:
     return load_recipe(path, overrides or [], scale=scale)
 
 
-# What MLflow can track to: its server, a database it supports, or a folder (file store).
+# What MLflow can track to: its server or a database it supports (MLflow 3 no longer opens a folder, a file
+# store).
 TRACKING_SCHEMES = (
     "http",
     "https",
-    "file",
     "sqlite",
     "postgresql",
     "mysql",
@@ -97,15 +97,25 @@ TRACKING_SCHEMES = (
 
 
 def tracking_uri_checked(uri: str | None) -> str | None:
-    """`--tracking-uri`, refused in one line when MLflow cannot use it (ftp://..., a typo in the scheme)."""
-    if uri is None:
-        return None
+    """`--tracking-uri`, refused in one line when MLflow cannot use it (ftp://..., a typo in the scheme, a
+    folder: MLflow 3 refuses file stores). `export:FOLDER` (a report's runs, ablate.store.export) passes."""
+    from ablate.store.export import SCHEME as EXPORT
+
+    if uri is None or uri.startswith(EXPORT) or uri in ("databricks", "databricks-uc"):
+        return uri
     scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", uri)
     base = scheme.group(1).split("+")[0].lower() if scheme else None
-    if scheme and base not in TRACKING_SCHEMES or not uri.strip():
+    if base == "file" or (not scheme and uri.strip()):
+        folder = uri[len("file://") :] if base == "file" else uri
+        raise UserError(
+            f"--tracking-uri: {uri!r} is a folder (a file store), which MLflow 3 does not open; give "
+            f"sqlite:///{Path(folder).resolve() / 'mlflow.db'} for a database in it, or leave --tracking-uri "
+            "out for the workspace's own store"
+        )
+    if base not in TRACKING_SCHEMES:
         raise UserError(
             f"--tracking-uri: {uri!r} is not a tracking URI MLflow can use; give one of "
-            f"{', '.join(s + '://' for s in TRACKING_SCHEMES)} or a folder"
+            f"{', '.join(s + '://' for s in TRACKING_SCHEMES)}"
         )
     return uri
 

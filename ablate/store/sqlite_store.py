@@ -1,0 +1,121 @@
+"""An MLflow SQLite store looked at before MLflow opens it.
+
+Why not leave it to MLflow: opening a store from an older MLflow, MLflow migrates it in place with no copy
+(its tables are created and its schema upgraded as it opens), so a user who goes back to the older MLflow
+has lost the store; a store from a newer MLflow, or a file that is not a database, ends in a traceback.
+Here a store from an older MLflow is copied first, beside it as `mlflow.db.bak-<schema revision>`, then
+migrated, said in a line; the others are one line each that names the file and what to do.
+
+The schema revision is alembic's, as MLflow records it (`alembic_version`); the head revision and the
+migration are MLflow's own (`mlflow.store.db.utils`, the code `mlflow db upgrade` runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import sqlite3
+from pathlib import Path
+
+from ablate.core.errors import UserError
+
+_CHECKED: set[Path] = set()  # stores found at this MLflow's schema: looked at once per process
+
+
+def check(uri: str) -> None:
+    """Look at the SQLite store `uri` names (other URIs: nothing to do): a missing or empty file, or one at
+    this MLflow's schema, passes; one from an older MLflow is copied, then migrated; else one line."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri[len("sqlite:///") :].split("?", 1)[0]).resolve()
+    if path in _CHECKED or not path.is_file() or path.stat().st_size == 0:
+        return
+    with _exclusive(path):  # workers starting together: one copies and migrates, the others find it done
+        version = schema_version(path)
+        head = head_revision()
+        if version is not None and version != head:
+            if not known_revision(version):
+                import mlflow
+
+                raise UserError(
+                    f"--tracking-uri: {path} was written by a newer MLflow (schema {version}; MLflow "
+                    f"{mlflow.__version__} here knows schemas up to {head}); install the MLflow that wrote "
+                    "it (pip install -U mlflow) or use another workspace"
+                )
+            _copy_then_migrate(path, version, head)
+    _CHECKED.add(path)
+
+
+def schema_version(path: Path) -> str | None:
+    """The store's schema revision; None for a database with no tables yet (MLflow creates them). A file
+    that is not an SQLite database, or a database that is not MLflow's, is one line."""
+    damaged = (
+        f"restore it from a backup, or move it aside (mv {path} {path}.damaged) to start an empty store "
+        "(the runs' checkpoints and results in the workspace's runs/ folder stay)"
+    )
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not tables:
+                return None
+            if "alembic_version" not in tables:
+                raise UserError(f"--tracking-uri: {path} is an SQLite database but not MLflow's; {damaged}")
+            row = db.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.DatabaseError as e:
+        raise UserError(f"--tracking-uri: {path} is not an SQLite database ({e}); {damaged}") from None
+    return row[0] if row else None
+
+
+@functools.cache
+def _script() -> object:
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+
+    return ScriptDirectory.from_config(_get_alembic_config("sqlite://"))
+
+
+def head_revision() -> str:
+    return _script().get_current_head()
+
+
+def known_revision(version: str) -> bool:
+    """Whether this MLflow's migrations know `version` (an older schema), not only a newer MLflow's."""
+    from alembic.util import CommandError
+
+    try:
+        return _script().get_revision(version) is not None
+    except CommandError:
+        return False
+
+
+def _copy_then_migrate(path: Path, version: str, head: str) -> None:
+    import mlflow
+    import sqlalchemy
+    from mlflow.store.db.utils import _upgrade_db
+
+    backup = path.with_name(f"{path.name}.bak-{version}")
+    if not backup.exists():  # an earlier attempt's copy is the older MLflow's store: kept as it is
+        import shutil
+
+        partial = backup.with_name(backup.name + ".partial")
+        shutil.copy2(path, partial)  # byte for byte: the older MLflow opens it as it was
+        partial.replace(backup)
+    print(
+        f"[mlflow] {path} is a store of an older MLflow (schema {version}); kept a copy as {backup.name}, "
+        f"migrating it to MLflow {mlflow.__version__}'s schema {head}",
+        flush=True,
+    )
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    try:
+        _upgrade_db(engine)
+    finally:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path):
+    """An exclusive flock on the store file (SQLite's own locks are fcntl locks: they do not meet)."""
+    with open(path, "rb") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
