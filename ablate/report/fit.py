@@ -218,8 +218,9 @@ def _series(report: FitReport, quantity: str) -> list[Series]:
     return out
 
 
-def write_fit(report: FitReport, out_dir: str | Path) -> list[Path]:
-    """Write fit.json, fit.md and loss_vs_params.png / loss_vs_tokens.png (those the form has)."""
+def write_fit(report: FitReport, out_dir: str | Path, split_tokens: float = float("nan")) -> list[Path]:
+    """Write fit.json, fit.md and loss_vs_params.png / loss_vs_tokens.png (those the form has);
+    `split_tokens`: the training split the runs drew from (loss_vs_tokens.png shows the passes over it)."""
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -238,6 +239,7 @@ def write_fit(report: FitReport, out_dir: str | Path) -> list[Path]:
                 xlabel=AXIS_LABEL[quantity],
                 title=f"{report.form.formula}",
                 footnote=foot,
+                split_tokens=split_tokens if quantity == "tokens" else float("nan"),
             )
             written.append(path)
     except OSError as e:

@@ -37,8 +37,10 @@ def scaling_plot(
     ylabel: str = "validation loss (nats/token)",
     title: str | None = None,
     footnote: str | None = None,
+    split_tokens: float = float("nan"),
 ) -> Path:
-    """Write one PNG with every series on a log x-axis; returns the path."""
+    """Write one PNG with every series on a log x-axis; returns the path. `split_tokens`: on a plot over
+    tokens, the training split's size, for the passes axis and the shading past one pass."""
     from ablate.core import plot_style
 
     fig, ax = plot_style.figure(6.4, 4.6)
@@ -55,5 +57,7 @@ def scaling_plot(
         if len(s.x):
             ax.scatter(s.x, s.y, color=color, marker=s.marker, s=22, zorder=3, label=label, alpha=s.alpha)
     ax.set_xscale("log")
+    largest = max((float(max(s.x)) for s in series if len(s.x)), default=0.0)
+    plot_style.passes_axis(ax, split_tokens, largest)
     plot_style.finish(ax, title=title or "", xlabel=xlabel, ylabel=ylabel)
     return plot_style.save(fig, path, caption=footnote)

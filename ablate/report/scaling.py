@@ -397,9 +397,11 @@ def write_grid_report(
         "grid": [grid_row(spans, runs, seconds, conv)],
     }
     folder.mkdir(parents=True, exist_ok=True)
-    written = write_fit(fits["joint"], folder)
-    written += write_fit(fits["size"], folder / "size")
-    written += write_fit(fits["tokens"], folder / "tokens")
+    splits = {r.split_tokens for r in runs if math.isfinite(getattr(r, "split_tokens", math.nan))}
+    split = splits.pop() if len(splits) == 1 else math.nan  # the passes axis of the plots over tokens
+    written = write_fit(fits["joint"], folder, split)
+    written += write_fit(fits["size"], folder / "size", split)
+    written += write_fit(fits["tokens"], folder / "tokens", split)
     written += [write_csv(folder / f"{name}.csv", r) for name, r in rows.items()]
     from ablate.report.write import hand_written
 

@@ -5,6 +5,7 @@ fit's folder written again from its export (`--from`: no store).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -180,7 +181,8 @@ def _write_fit(
     from ablate.store.study import report_folder
 
     folder = Path(out) if out is not None else report_folder(ctx, None)
-    written = write_fit(report, folder)
+    splits = {r.split_tokens for r in runs if math.isfinite(r.split_tokens)}
+    written = write_fit(report, folder, splits.pop() if len(splits) == 1 else math.nan)
     with open(folder / "fit.md", "a") as f:
         f.write("\n" + runs_markdown(runs, params_count))
     record_in_mlflow(client, study, runs, report, written)
