@@ -666,12 +666,22 @@ def _run_row(r: Any, labels: dict[str, str], seconds: dict[str, float]) -> dict[
 
 def train_seconds(ctx: SweepContext, records: list[Any]) -> dict[str, float]:
     """Run id -> its training seconds (final_metrics.json: the Trainer's fit, the last attempt's if resumed)."""
+    import json
+
     from ablate.store import tracking
 
     client = ctx.stores.client()
     out = {}
     for r in records:
         if r.run_id and r.state == "finished":
-            final = tracking.read_json_artifact(client, r.run_id, "final_metrics.json") or {}
-            out[r.run_id] = float(final.get("seconds", math.nan))
+            try:
+                text = tracking.artifact_text(client, r.run_id, "final_metrics.json")
+                if text is None:
+                    raise ValueError(f"run {r.run_id}: finished, but it has no final_metrics.json")
+                seconds = float(json.loads(text)["seconds"])
+            except (tracking.ArtifactUnreadable, ValueError, KeyError, TypeError) as e:
+                why = str(e) if str(e).startswith("run ") else f"run {r.run_id}: {tracking.first_line(e)}"
+                print(f"[report] time.csv: {why}; its training seconds are left out (nan)", flush=True)
+                seconds = math.nan
+            out[r.run_id] = seconds
     return out

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -107,14 +106,19 @@ def _json(value: Any) -> str:
 
 
 def _artifacts(client: Any, run_id: str) -> dict[str, str]:
+    """The run's ARTIFACTS it has (an unfinished run lacks some); one that cannot be read is said in a line
+    naming the run and the error, and left out."""
+    from ablate.store import tracking
+
     out = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in ARTIFACTS:
-            try:
-                path = client.download_artifacts(run_id, name, tmp)
-            except Exception:  # the run never logged it (an unfinished run), or the store cannot serve it
-                continue
-            out[name] = Path(path).read_text()
+    for name in ARTIFACTS:
+        try:
+            text = tracking.artifact_text(client, run_id, name)
+        except tracking.ArtifactUnreadable as e:
+            print(f"[export] {e}; the export holds the run without it", flush=True)
+            continue
+        if text is not None:
+            out[name] = text
     return out
 
 

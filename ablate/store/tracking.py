@@ -283,6 +283,32 @@ def log_files(client, run_id: str, paths: list[Path], artifact_path: str | None 
         client.log_artifact(run_id, str(path), artifact_path)
 
 
+class ArtifactUnreadable(Exception):
+    """A run's artifact that is there but cannot be read: the message names the run, the file and why."""
+
+
+def first_line(error: BaseException) -> str:
+    """`Type: the first line of the message`, for a line that names what failed."""
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]}"
+
+
+def artifact_text(client, run_id: str, name: str) -> str | None:
+    """The text of run `run_id`'s artifact `name`; None when the run has none (an unfinished run). One the
+    store lists but cannot serve, or that is not text, raises ArtifactUnreadable naming the run and why."""
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            if hasattr(client, "list_artifacts"):  # an export (ablate.store.export) lists none: it raises
+                if name not in {f.path for f in client.list_artifacts(run_id)}:
+                    return None
+            return Path(client.download_artifacts(run_id, name, folder)).read_text()
+        except FileNotFoundError:  # an export's run without it
+            return None
+        except (MlflowException, OSError, UnicodeDecodeError) as e:
+            raise ArtifactUnreadable(f"run {run_id}: {name} not read ({first_line(e)})") from e
+
+
 def read_json_artifact(client, run_id: str, name: str) -> dict[str, Any] | None:
     """A JSON artifact of a run (e.g. final_metrics.json), or None if it has none."""
     with tempfile.TemporaryDirectory() as folder:

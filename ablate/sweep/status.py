@@ -81,12 +81,20 @@ def status_report(ctx: SweepContext, study: Any, now: float | None = None, clien
     all_tokens = sum(trained_tokens(ctx.run_for_plan(p)) for p in ctx.plans())
     finished_tokens = {t.number: trained_tokens(run_of(t)) for t in finished}
     progress: dict[int, int] = {}
+    unread: list[str] = []  # running trials whose progress the tracking store did not give, and why
     if running:
-        try:
-            client = client or ctx.stores.client()
-            progress = {t.number: running_tokens(client, run_of(t)) for t in running}
-        except Exception:  # the tracking store is unreachable: running trials count nothing yet
-            progress = {}
+        from mlflow.exceptions import MlflowException
+
+        client = client or ctx.stores.client()
+        for t in running:
+            try:
+                progress[t.number] = running_tokens(client, run_of(t))
+            except (MlflowException, OSError) as e:  # the store unreachable, or it failed to answer
+                run_id = t.user_attrs.get("mlflow_run_id")
+                unread.append(
+                    f"trial {t.number} ({run_of(t).name}{', MLflow run ' + run_id if run_id else ''}): "
+                    f"its tokens so far not read, counted as none ({tracking.first_line(e)})"
+                )
     done_tokens = sum(finished_tokens.values()) + sum(progress.values())
     left_tokens = sum(
         trained_tokens(ctx.run_for_plan(p)) for p in ctx.plans() if plan_key(p) not in settled
@@ -123,6 +131,7 @@ def status_report(ctx: SweepContext, study: Any, now: float | None = None, clien
             else ""
         ),
     ]
+    lines += [f"not read: {line}" for line in unread]
     if running:
         rows = []
         for t in running:
