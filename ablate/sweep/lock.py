@@ -95,7 +95,8 @@ class SweepLock:
         study = self.name[: -len(SWEEP_LOCK_SUFFIX)]
         return UserError(
             f"sweep: study {study!r} is being run by another `ablate sweep` (host {attrs.get('host')}, pid "
-            f"{attrs.get('pid')}{ago}); to train its trials on more workers run {self.join}, or wait until it ends"
+            f"{attrs.get('pid')}{ago}); to train its trials on more workers run {self.join}, or wait until "
+            f"it ends (a killed sweep elsewhere counts as ended {self.grace_period:g} s after its last heartbeat)"
         )
 
     def _beat(self) -> None:
