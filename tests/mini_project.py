@@ -73,6 +73,20 @@ def write_recipe(folder: Path, filename: str = "mini.yaml", **changes) -> Path:
     return path
 
 
+def sweep_argv(recipe: Path, folder: Path, *extra: str) -> list[str]:
+    """`ablate sweep RECIPE --yes` with its workspace (`folder/ws`) and reports (`folder/rep`) in `folder`."""
+    return [
+        "sweep",
+        str(recipe),
+        "--yes",
+        "--workspace",
+        str(folder / "ws"),
+        "--reports",
+        str(folder / "rep"),
+        *extra,
+    ]
+
+
 def cli_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "ablate.cli", *args]
 

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ablate.core.errors import UserError
+from ablate.core.processes import pid_alive
 
 WRITING = ".writing-"  # `.NAME.writing-PID`: the new folder while it is written
 OLD = ".old-"  # `.NAME.old-PID`: the old folder between two renames (no exchange available)
@@ -90,15 +91,8 @@ def recover(folder: Path) -> None:
 
 
 def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """A writer's pid that is not this process's and still runs (its sibling folder is not a leftover)."""
+    return pid != os.getpid() and pid_alive(pid)
 
 
 def _swap(new: Path, folder: Path) -> None:

@@ -18,9 +18,9 @@ import os
 import socket
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
+from ablate.core.processes import pid_alive
 from ablate.store.study import SweepContext, is_settled, plan_key
 
 HEARTBEAT_SECONDS = 5.0
@@ -80,23 +80,9 @@ def is_stale(trial: Any, grace_period: float, now: float | None = None) -> bool:
 def worker_gone(host: Any, pid: Any, beat: Any, grace_period: float, now: float | None = None) -> bool:
     """Is the process `pid` on `host`, last heard of at `beat` (a timestamp), gone? On this host its pid
     says so; elsewhere a heartbeat older than `grace_period` seconds."""
-    if host == socket.gethostname() and pid and not _pid_alive(int(pid)):
+    if host == socket.gethostname() and pid and not pid_alive(int(pid)):
         return True
     return beat is not None and (now or time.time()) - float(beat) > grace_period
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child (killed, not yet reaped) still answers kill(0): ask /proc where there is one.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def fail_and_requeue(study: Any, storage: Any, frozen: Any, reason: str) -> bool:

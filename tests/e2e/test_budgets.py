@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from mini_project import run_cli, write_recipe
+from mini_project import run_cli, sweep_argv, write_recipe
 
 from ablate.core.config import TrainConfig
 from ablate.core.errors import UserError
@@ -167,17 +167,7 @@ def test_a_budgeted_sweep_reports_every_budget_the_gap_and_its_trend(tmp_path, c
         base__train__val_every=8,
         budgets={"steps": [8, 16, 32]},
     )
-    code = main(
-        [
-            "sweep",
-            str(recipe),
-            "--yes",
-            "--workspace",
-            str(tmp_path / "ws"),
-            "--reports",
-            str(tmp_path / "rep"),
-        ]
-    )
+    code = main(sweep_argv(recipe, tmp_path))
     assert code == 0
     folder = tmp_path / "rep" / "mini"
     runs = list(csv.DictReader(open(folder / "budgets.csv")))

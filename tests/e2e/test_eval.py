@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mini_project import cli_command, run_cli, write_recipe
+from mini_project import cli_command, run_cli, sweep_argv, write_recipe
 
 from ablate.cli import main
 from ablate.core.errors import UserError
@@ -68,20 +68,7 @@ SHORT = {"base__train__steps": 4, "base__train__val_every": 2}  # probes need ch
 
 
 def _sweep(recipe: Path, tmp_path: Path) -> None:
-    assert (
-        main(
-            [
-                "sweep",
-                str(recipe),
-                "--yes",
-                "--workspace",
-                str(tmp_path / "ws"),
-                "--reports",
-                str(tmp_path / "rep"),
-            ]
-        )
-        == 0
-    )
+    assert main(sweep_argv(recipe, tmp_path)) == 0
 
 
 def _eval_args(recipe: Path, tmp_path: Path, *extra: str) -> list[str]:

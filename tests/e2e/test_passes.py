@@ -57,7 +57,9 @@ def test_with_repeat_allowed_the_report_flags_the_runs_past_one_pass(tmp_path):
     folder = tmp_path / "r" / "mini"
     table = (folder / "table.md").read_text()
     # the header: the split and the passes; the rows (whose longest runs are past one pass) marked ↻
-    assert f"**Data: {split / 1e3:.3g}K training tokens; the runs make {2048 / split:.2f} passes" in table
+    assert (
+        f"**Data: small: {split / 1e3:.3g}K training tokens; the runs make {2048 / split:.2f} passes" in table
+    )
     assert "↻ 2 of 2 past one pass" in table and "fits text it saw again" in table
     assert "| Transformer ↻" in table or "| Transformer †↻" in table or "| Transformer ?↻" in table
     rows = list(csv.DictReader((folder / "table.csv").open()))

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import yaml
-from mini_project import MINI, run_cli, write_recipe
+from mini_project import MINI, run_cli, sweep_argv, write_recipe
 
 from ablate.store.stores import Stores
 
@@ -46,13 +46,7 @@ def test_readme_plugin_checks_and_sweeps_beside_table6_rows(tmp_path):
     assert "counted" in check.stdout and "gated" in check.stdout.split("FLOPs:", 1)[1]  # FLOPs counted for it
 
     run_cli(
-        "sweep",
-        str(recipe),
-        "--yes",
-        "--workspace",
-        str(tmp_path / "ws"),
-        "--reports",
-        str(tmp_path / "rep"),
+        *sweep_argv(recipe, tmp_path),
         cwd=tmp_path,
         check=True,
         timeout=600,

@@ -27,7 +27,12 @@ SEEDS = ["0", "1"]
 
 
 @pytest.mark.slow
-def test_a_size_budget_grid_trains_each_size_arm_seed_once_with_one_run_per_budget(tmp_path, capsys):
+def test_a_size_budget_grid_trains_each_size_arm_seed_once_with_one_run_per_budget(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(
+        tmp_path
+    )  # the checkout the export names its recipe in (a relative path: data, not code)
     recipe = write_recipe(
         tmp_path,
         sizes=SIZES,

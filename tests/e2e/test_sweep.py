@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import optuna
 import pytest
-from mini_project import run_cli, write_recipe
+from mini_project import run_cli, sweep_argv, write_recipe
 from optuna.trial import TrialState
 
 from ablate.cli import main
@@ -48,16 +48,7 @@ def _plans_by_state(study) -> dict[str, collections.Counter]:
 
 
 def _sweep_args(recipe: Path, tmp_path: Path, *extra: str) -> list[str]:
-    return [
-        "sweep",
-        str(recipe),
-        "--yes",
-        "--workspace",
-        str(tmp_path / "ws"),
-        "--reports",
-        str(tmp_path / "rep"),
-        *extra,
-    ]
+    return sweep_argv(recipe, tmp_path, *extra)
 
 
 def test_sweep_trains_every_variant_reports_and_rerun_changes_nothing(tmp_path, capsys):

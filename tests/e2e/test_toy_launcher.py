@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import textwrap
 
-from mini_project import write_recipe
+from mini_project import sweep_argv, write_recipe
 
 import ablate.sweep.launchers
 from ablate.cli import main
@@ -32,22 +32,13 @@ def test_a_toy_launcher_is_a_module_and_a_table_line(tmp_path, monkeypatch, caps
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(ablate.sweep.launchers.LAUNCHERS, "toy", "toy_launcher")  # the one line
     recipe = write_recipe(tmp_path)
-    args = [
-        "sweep",
-        str(recipe),
-        "--yes",
-        "--workspace",
-        str(tmp_path / "ws"),
-        "--reports",
-        str(tmp_path / "r"),
-    ]
-    assert main([*args, "--launcher", "toy"]) == 0
+    assert main(sweep_argv(recipe, tmp_path, "--launcher", "toy")) == 0
     out = capsys.readouterr().out
     assert "[toy] 1 worker(s) asked; training here" in out
-    assert (tmp_path / "r" / "mini" / "table.md").exists()
+    assert (tmp_path / "rep" / "mini" / "table.md").exists()
     sys.modules.pop("toy_launcher", None)
     # a name the table does not hold: one line with the ones it does
-    assert main([*args, "--launcher", "toi"]) == 2
+    assert main(sweep_argv(recipe, tmp_path, "--launcher", "toi")) == 2
     err = capsys.readouterr().err.strip()
     assert (
         err
