@@ -259,4 +259,8 @@ def run_fit_csv(
     """Body of `ablate fit --csv FILE --form {size,tokens,joint} [--out DIR]`: read, fit, write."""
     form_ = get_form(form)
     report = fit_points(read_points_csv(csv_path), form_, n_boot=n_boot, seed=seed, n_jobs=n_jobs)
-    return write_fit(report, out_dir)
+    from ablate.report.folder import moved, writing
+
+    with writing(Path(out_dir), "--out") as into:  # the folder as a whole, no link followed
+        written = write_fit(report, into)
+    return moved(written, into, Path(out_dir))

@@ -178,13 +178,16 @@ def _write_fit(
     """fit.json, fit.md (with the runs' table) and the plots; recorded in MLflow; the summary printed."""
     from ablate.report.fit import arch_summary, ratio_sentence, write_fit
     from ablate.report.fit_runs import PARAMS_WORDS, record_in_mlflow, runs_markdown
+    from ablate.report.folder import moved, writing
     from ablate.store.study import report_folder
 
     folder = Path(out) if out is not None else report_folder(ctx, None)
     splits = {r.split_tokens for r in runs if math.isfinite(r.split_tokens)}
-    written = write_fit(report, folder, splits.pop() if len(splits) == 1 else math.nan)
-    with open(folder / "fit.md", "a") as f:
-        f.write("\n" + runs_markdown(runs, params_count))
+    with writing(folder, "--out") as into:  # the folder as a whole, no link followed (ablate.report.folder)
+        written = write_fit(report, into, splits.pop() if len(splits) == 1 else math.nan)
+        with open(into / "fit.md", "a") as f:
+            f.write("\n" + runs_markdown(runs, params_count))
+    written = moved(written, into, folder)
     record_in_mlflow(client, study, runs, report, written)
     print(
         f"[fit] {ctx.study_name}: {report.form.formula}, {n_points} points from {len(runs)} runs "

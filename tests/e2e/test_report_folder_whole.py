@@ -195,3 +195,26 @@ def test_a_report_killed_while_it_writes_leaves_the_old_folder_or_the_new_one(tm
     assert _report(tmp_path).returncode == 0
     assert _tree(folder) == new and [p.name for p in (tmp_path / "reports").iterdir()] == ["mini"]
     print(f"kills: {outcomes.count('old')} left the old folder, {outcomes.count('new')} the new one")
+
+
+def test_fit_out_with_a_link_inside_is_refused_and_nothing_is_written_through_it(tmp_path, capsys):
+    """`ablate fit --out FOLDER` writes FOLDER as a whole too: a link in it is one line, its target untouched."""
+    from ablate.cli import main
+
+    points = tmp_path / "points.csv"
+    points.write_text(
+        "params,tokens,loss\n"
+        + "".join(f"{n:.0f},1e9,{2.0 + 10 * n**-0.3:.6f}\n" for n in (1e6, 3e6, 1e7, 3e7))
+    )
+    out, outside = tmp_path / "out", tmp_path / "elsewhere.md"
+    out.mkdir()
+    outside.write_text("a file of someone else's\n")
+    (out / "fit.md").symlink_to(outside)
+    assert main(["fit", "--csv", str(points), "--form", "size", "--out", str(out), "--bootstrap", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a link" in err and err.startswith("ablate: error: --out:"), err
+    assert outside.read_text() == "a file of someone else's\n"
+    assert sorted(p.name for p in out.iterdir()) == ["fit.md"]
+    (out / "fit.md").unlink()  # without the link, the same command writes the folder
+    assert main(["fit", "--csv", str(points), "--form", "size", "--out", str(out), "--bootstrap", "5"]) == 0
+    assert {"fit.json", "fit.md", "loss_vs_params.png"} <= {p.name for p in out.iterdir()}
