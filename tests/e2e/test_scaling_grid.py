@@ -78,7 +78,7 @@ def test_a_size_budget_grid_trains_each_size_arm_seed_once_with_one_run_per_budg
 
     # `ablate fit` over it: the fits, CSVs and README, and beside them the runs' export
     fit = tmp_path / "fit"
-    assert main(["fit", str(recipe), "--workspace", str(ws), "--out", str(fit), "--bootstrap", "20"]) == 0
+    assert main(["fit", recipe.name, "--workspace", str(ws), "--out", str(fit), "--bootstrap", "20"]) == 0
     first = {p.relative_to(fit): p.read_bytes() for p in fit.rglob("*") if p.is_file()}
     assert {Path("runs.parquet"), Path("metrics.parquet"), Path("README.md"), Path("ratios.csv")} <= set(
         first
