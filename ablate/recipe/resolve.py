@@ -23,8 +23,9 @@ options checked against its constructor (`registry.check_spec`): nothing is buil
 known to be valid. Scale, size and variant keys and the name become folder names, so they are refused
 unless they are safe file names (`config.safe_name`).
 
-A run's config is `base <- scale <- size <- variant <- overrides on base.*`, merged key by key (a
-component spec that names another component replaces the old one). Every run lists every key.
+A run's config is `base <- scale <- size <- variant <- the scale's train settings of that variant (a
+`variants:` mapping) <- overrides on base.*`, merged key by key (a component spec that names another
+component replaces the old one). Every run lists every key.
 """
 
 from __future__ import annotations
@@ -112,6 +113,17 @@ class SizeOverlay:
 
 
 @dataclass(frozen=True)
+class ScaleVariant:
+    """A row at one scale: its training settings there, over the variant's own (e.g. each row its own lr).
+
+    Attributes:
+        train: overlay on the row's train section at this scale (after the size's and the variant's)
+    """
+
+    train: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ScaleOverlay:
     """A scale preset: an overlay on base that changes sizes only (and may replace the sizes axis).
 
@@ -122,7 +134,8 @@ class ScaleOverlay:
         eval: overlay on the eval section
         sizes: the sizes axis at this scale, instead of the recipe's
         budgets: the token budgets at this scale, instead of the recipe's (ablate.recipe.budgets)
-        variants: the rows trained at this scale (default: every variant; the first is the reference)
+        variants: the rows trained at this scale (default: every variant; the first is the reference): a
+            list, or a mapping of each row to its train settings at this scale ({diff: {train: {lr: ...}}})
         purpose: what this scale is for, one sentence; reports print it (a tiny scale: "a pipeline check")
     """
 
@@ -132,7 +145,7 @@ class ScaleOverlay:
     eval: dict[str, Any] = field(default_factory=dict)
     sizes: dict[str, SizeOverlay] | None = None
     budgets: Budgets | None = None
-    variants: list[str] | None = None
+    variants: list[str] | dict[str, ScaleVariant] | None = None
     purpose: str | None = None
 
 
@@ -378,6 +391,12 @@ class Recipe:
         """The rows trained at `scale`: the scale's `variants:` list, else every variant."""
         return list(self.scale_overlay(scale).variants or self.variants)
 
+    def scale_variant_overlay(self, scale: str, variant: str) -> dict[str, Any]:
+        """The scale's own settings of `variant` (a `variants:` mapping: {train: {...}}), else {}."""
+        listed = ((self.raw.get("scales") or {}).get(scale) or {}).get("variants")
+        entry = (listed.get(variant) or {}) if isinstance(listed, dict) else {}
+        return {s: entry[s] for s in SECTIONS if entry.get(s)}
+
     def sizes(self, scale: str) -> dict[str, dict[str, Any]] | None:
         overlay = (self.raw.get("scales") or {}).get(scale) or {}
         return overlay.get("sizes", self.raw.get("sizes"))
@@ -419,6 +438,7 @@ class Recipe:
                 variant = self.raw["variants"][key]
                 overlay = {s: variant[s] for s in SECTIONS if s in variant}
                 config = deep_merge(deep_merge(base, size_overlay or {}), overlay)
+                config = deep_merge(config, self.scale_variant_overlay(scale, key))
                 for path, value in self.base_overrides:
                     set_dotted(config, path, value, key=f"base.{path}")
                 where = f"variants.{key}" + (f", size {size}" if size else "")
@@ -630,13 +650,13 @@ def resolved_recipe(recipe: Recipe, scale: str | None = None) -> dict[str, Any]:
         set_dotted(base, path, value, key=f"base.{path}")
     sizes = recipe.sizes(scale)
     variants: dict[str, Any] = {}
-    chosen = {r.variant for r in runs}  # a scale's `variants:` may pick some of the recipe's
-    for key, variant in raw["variants"].items():
-        if key not in chosen:
-            continue
+    # a scale's `variants:` may pick some of the recipe's, in its own order (the first is the reference)
+    for key in dict.fromkeys(r.variant for r in runs):
+        variant = raw["variants"][key]
         entry = {k: v for k, v in variant.items() if k not in SECTIONS}
-        if sizes:
-            overlay = {s: dict(variant.get(s) or {}) for s in SECTIONS}
+        if sizes:  # the scale's settings of this row (applied after the variant's) written into its overlay
+            mine = recipe.scale_variant_overlay(scale, key)
+            overlay = {s: deep_merge(dict(variant.get(s) or {}), mine.get(s) or {}) for s in SECTIONS}
             for path, value in recipe.base_overrides:
                 section, _, rest = path.partition(".")
                 if rest:

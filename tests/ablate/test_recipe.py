@@ -13,7 +13,7 @@ from cli_helpers import TABLE6_VARIANTS, assert_one_line_error, run_cli
 
 from ablate.core.config import deep_merge, set_dotted
 from ablate.core.errors import UserError
-from ablate.recipe.resolve import load_recipe, parse_overrides
+from ablate.recipe.resolve import load_recipe, parse_overrides, resolved_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE6 = ROOT / "recipes" / "table6.yaml"
@@ -321,6 +321,50 @@ def test_base_override_applies_to_every_run_api(tmp_path):
 def test_base_override_wins_over_the_scale(tmp_path):
     recipe = load_recipe(write(tmp_path, TINY), [("base.model.n_layers", 3)])
     assert all(run.config["model"]["n_layers"] == 3 for run in recipe.resolve("mini"))
+
+
+def test_a_scale_gives_each_row_its_own_train_settings(tmp_path):
+    """`scales.X.variants` as a mapping: each row's train settings at that scale, over the size's and the
+    variant's; a base.* override still wins; other scales keep theirs; --print-config keeps the runs."""
+    sizes = {"a": {"model": {"d_model": 32}, "train": {"lr": 1e-3}}, "b": {"model": {"d_model": 48}}}
+    own = {"diff": {"train": {"lr": 7e-3, "warmup_steps": 3}}, "transformer": {"train": {"lr": 5e-3}}}
+    path = write(tmp_path, recipe_dict(sizes=sizes, scales__mini__variants=own))
+    runs = load_recipe(path, scale="mini").runs
+    warmup = load_recipe(path, scale="paper").runs[0].train.warmup_steps  # the default, untouched
+    assert warmup != 3
+    assert [(r.variant, r.size, r.train.lr, r.train.warmup_steps) for r in runs] == [
+        ("diff", "a", 7e-3, 3),  # the mapping's order is the rows' order: diff is the reference here
+        ("transformer", "a", 5e-3, warmup),
+        ("diff", "b", 7e-3, 3),
+        ("transformer", "b", 5e-3, warmup),
+    ]
+    runs = load_recipe(path, [("base.train.lr", 2e-3)], scale="mini").runs
+    assert {r.train.lr for r in runs} == {2e-3}
+    assert [(r.size, r.train.lr) for r in load_recipe(path, scale="paper").runs if r.variant == "diff"] == [
+        ("a", 1e-3),
+        ("b", 1e-3),
+    ]
+    recipe = load_recipe(path, scale="mini")
+    printed = write(tmp_path, yaml.safe_dump(resolved_recipe(recipe), sort_keys=False), "printed.yaml")
+    assert [(r.name, r.config) for r in load_recipe(printed, scale="mini").runs] == [
+        (r.name, r.config) for r in recipe.runs
+    ]
+
+
+@pytest.mark.parametrize(
+    "variants, fragment",
+    [
+        ({"diff": {"model": {"d_model": 8}}}, "scales.mini.variants: expected a list of strs or a mapping"),
+        ({"diff": {"train": {"lrr": 1.0}}}, "train.lrr: unknown key (did you mean 'lr'?)"),
+        (
+            {"dif": {"train": {"lr": 1.0}}},
+            "scales.mini.variants: unknown variant 'dif' (did you mean 'diff'?)",
+        ),
+    ],
+)
+def test_a_scales_row_settings_mistakes_are_one_line(tmp_path, variants, fragment):
+    with pytest.raises(UserError, match=re.escape(fragment)):
+        load_recipe(write(tmp_path, recipe_dict(scales__mini__variants=variants)), scale="mini")
 
 
 def test_base_lr_override_in_exponent_form_applies_to_every_run(capsys):
