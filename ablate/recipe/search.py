@@ -8,10 +8,13 @@
       # base.train.lr: {low: 1.0e-4, high: 1.0e-2, log: true}  # a range: random / tpe only
     pruner: {name: median, n_warmup_steps: 50}   # none | median | hyperband; reported at optimizer steps
     seed: 0                  # the sampler's seed
+    compare_with: {path: reports/scaling-size-cpu-lr/lr_sensitivity.csv, label: standard}  # optional
 
 The protocol is "best per variant": each variant is represented by its best trial (mean over seeds of
 the final validation loss), and the report warns when a variant's best value sits at the edge of a
-searched range, where the optimum may lie outside it.
+searched range, where the optimum may lie outside it. A search over `base.train.lr` at two or more sizes
+also says whether each row's best lr transfers across sizes (ablate.report.transfer), beside the earlier
+grid `compare_with` names (its lr_sensitivity.csv, read from the checkout).
 """
 
 from __future__ import annotations
@@ -64,6 +67,19 @@ class Dimension:
 
 
 @dataclass(frozen=True)
+class CompareWith:
+    """An earlier sized lr grid the report's transfer table sets beside this one's.
+
+    Attributes:
+        path: its lr_sensitivity.csv, relative to the checkout (e.g. reports/scaling-size-cpu-lr/lr_sensitivity.csv)
+        label: how its rows are named in the table (e.g. its parametrization: standard)
+    """
+
+    path: str
+    label: str = "compared"
+
+
+@dataclass(frozen=True)
 class SearchSpec:
     name: str = "grid"
     sampler: str = "grid"
@@ -71,6 +87,7 @@ class SearchSpec:
     dimensions: tuple[Dimension, ...] = ()
     pruner: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     seed: int = 0
+    compare_with: CompareWith | None = None
 
     def grid_points(self) -> list[dict[str, Any]]:
         """Every combination of the listed values (grid sampler), or one empty point."""
@@ -132,6 +149,7 @@ class SearchFile:
         space: dotted recipe keys under base -> the values or range to search
         pruner: none, median or hyperband, or {name: ..., <options of Optuna's pruner>}
         seed: the sampler's seed
+        compare_with: an earlier sized lr grid to set beside this one's in the transfer table
     """
 
     name: str | None = None
@@ -141,6 +159,7 @@ class SearchFile:
     space: dict[str, DimensionSpec] = field(default_factory=dict)
     pruner: str | dict[str, Any] | None = None
     seed: NonNegativeInt = 0
+    compare_with: CompareWith | None = None
 
 
 def load_search_spec(path: str | Path) -> SearchSpec:
@@ -153,6 +172,11 @@ def load_search_spec(path: str | Path) -> SearchSpec:
     if pruner.get("name") not in PRUNERS:
         raise UserError(f"pruner.name: {pruner.get('name')!r} is not one of {', '.join(PRUNERS)}")
     dims = tuple(_dimension(key, dim, spec.sampler) for key, dim in spec.space.items())
+    if spec.compare_with is not None and not Path(spec.compare_with.path).is_file():
+        raise UserError(
+            f"compare_with.path: {spec.compare_with.path!r} is not a file (an earlier grid's lr_sensitivity.csv, "
+            "relative to the folder ablate runs in)"
+        )
     name = (
         safe_name("name", spec.name)
         if spec.name is not None
@@ -165,6 +189,7 @@ def load_search_spec(path: str | Path) -> SearchSpec:
         dimensions=dims,
         pruner=pruner,
         seed=spec.seed,
+        compare_with=spec.compare_with,
     )
 
 

@@ -98,6 +98,12 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path) -> str:
         )
         sections = f"\n## Sensitivity to the searched grid\n\n{honesty.sensitivity}"
         write_csv(folder / "lr_sensitivity.csv", honesty.sensitivity_rows)
+    transfer = lr_transfer(ctx, all_records)
+    if transfer:  # a sized lr grid: does each row's best lr transfer across sizes (ablate.report.transfer)
+        from ablate.report import transfer as lr
+
+        sections += f"\n## Does the best lr transfer across sizes?\n\n{lr.transfer_markdown(transfer)}"
+        write_csv(folder / "transfer.csv", lr.transfer_rows(transfer))
     if honesty.layers:
         sections += f"\n## Residual stream: why a row may lag\n\n{honesty.layers}"
         write_csv(folder / "layer_stats.csv", honesty.layer_rows)
@@ -131,6 +137,11 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path) -> str:
         + (", `paper.csv` (the paper's numbers the recipe quotes)" if paper else "")
         + ", `loss_curves.png`"
         + (", `lr_sensitivity.md`, `lr_sensitivity.csv`" if honesty.sensitivity else "")
+        + (
+            ", `transfer.csv` (each row's best lr per size, and its move from the smallest)"
+            if transfer
+            else ""
+        )
         + (", `layer_stats.csv` (the residual-stream table's cells)" if honesty.layers else "")
         + "".join(f", `{path.name}`" for path in more)
         + f", `{RUNS_FILE}` and `{METRICS_FILE}` (the runs: config, tags, params, every metric series; "
@@ -145,6 +156,17 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path) -> str:
         + "".join(f"\n{n}" for n in honesty.notes)
         + (f"\n\n{honesty.sensitivity}" if honesty.sensitivity else "")
     )
+
+
+def lr_transfer(ctx: SweepContext, records: list[Any]) -> list[Any]:
+    """The transfer table's choices (ablate.report.transfer): this study's best lr per row and size, then
+    those of the grid the search spec compares with; [] unless the study searched the lr at 2+ sizes."""
+    from ablate.report import transfer as lr
+    from ablate.report.table import size_order
+
+    own = lr.own_choices(records, list(ctx.recipe.variants), size_order(ctx, records), row_labels(ctx))
+    other = ctx.search.compare_with
+    return own + (lr.compared_choices(other.path, other.label) if own and other else [])
 
 
 def rebuild_report(folder: Path) -> Path:

@@ -672,6 +672,8 @@ def test_recipe_sections_other_issues_add_are_typed(tmp_path):
             "space.base.train.lr.low: expected float",
         ),
         ("trials_per_variant: 0\n", "trials_per_variant: expected a positive integer"),
+        ("compare_with: {path: no/such.csv}\n", "compare_with.path: 'no/such.csv' is not a file"),
+        ("compare_with: {label: standard}\n", "compare_with.path"),
     ],
 )
 def test_search_spec_mistakes_are_one_line(tmp_path, text, fragment):

@@ -17,6 +17,7 @@ import pytest
 from mini_project import run_cli
 
 from ablate.cli import main
+from ablate.recipe.search import load_search_spec
 from ablate.store.export import has_export, read_meta
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +45,11 @@ def test_report_from_export_rebuilds_the_committed_folder_byte_identical(root, n
     committed = root / "reports" / name
     copy = tmp_path / "reports" / name
     shutil.copytree(committed, copy)
+    search = read_meta(committed)["report"].get("search")
+    compared = search and load_search_spec(root / search).compare_with  # an earlier grid's CSV it reads
+    if compared and not (tmp_path / compared.path).exists():
+        (tmp_path / compared.path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(root / compared.path, tmp_path / compared.path)
     # all go but the inputs: the export, the README's hand-written part, a prediction written before the
     # runs (ablate.report.predict), which the report sets the measurement beside, and runs made outside
     # the study that the hand-written part quotes (beyond_edges.csv: one lr past each edge of a grid)
