@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ablate.core.errors import UserError, closest
+from ablate.core.workspace import Workspace
 
 EOD_TEXT = "<|endoftext|>"
 TOKENIZERS: dict[str, dict[str, Any]] = {  # name -> its options and their defaults
@@ -245,16 +246,16 @@ def tokenizer_from(spec: Mapping[str, Any], file: str | None = None) -> Any:
     return get_tokenizer(spec)
 
 
-def bpe_cache_path(workspace: Path, fingerprint: Mapping[str, Any], vocab_size: int) -> Path:
+def bpe_cache_path(workspace: Workspace, fingerprint: Mapping[str, Any], vocab_size: int) -> Path:
     key = json.dumps({"corpus": fingerprint, "vocab_size": vocab_size, "format": _BPE_FORMAT}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return Path(workspace) / "cache" / "tokenizers" / f"bpe-{vocab_size}-{digest}.json"
+    return workspace.tokenizer_cache / f"bpe-{vocab_size}-{digest}.json"
 
 
 def get_tokenizer(
     spec: str | Mapping[str, Any],
     *,
-    workspace: Path | None = None,
+    workspace: Workspace | None = None,
     fingerprint: Mapping[str, Any] | None = None,
     train_documents: Callable[[], Iterable[str]] | None = None,
 ) -> ByteTokenizer | BpeTokenizer | TiktokenTokenizer | HfTokenizer:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ablate.core.errors import UserError
+from ablate.core.workspace import Workspace
 from ablate.data.builtin_corpus import BUILTIN_CORPORA
 from ablate.data.config import parse_data_config
 from ablate.data.corpus import TextCorpus, open_text_corpus
@@ -87,7 +88,7 @@ def _check_spec(spec: dict | None, header: dict, folder: Path) -> dict:
     return header
 
 
-def load_tokens(data_cfg: Mapping[str, Any] | None, workspace: Path) -> TokenData:
+def load_tokens(data_cfg: Mapping[str, Any] | None, workspace: Workspace) -> TokenData:
     """Train and val token arrays for the `data:` section (tokenised once, then memory-mapped)."""
     cfg = parse_data_config(data_cfg)
     folder = _shard_source(cfg.source)
@@ -98,7 +99,7 @@ def load_tokens(data_cfg: Mapping[str, Any] | None, workspace: Path) -> TokenDat
     else:
         corpus = open_text_corpus(cfg)
         spec = cfg.tokenizer or {"name": "byte"}
-        folder = _token_cache_dir(Path(workspace), corpus.fingerprint, spec)
+        folder = _token_cache_dir(workspace, corpus.fingerprint, spec)
         shards = None
         if folder.exists():
             try:
@@ -106,7 +107,7 @@ def load_tokens(data_cfg: Mapping[str, Any] | None, workspace: Path) -> TokenDat
             except UserError:  # a damaged cache is rebuilt, not reported
                 shutil.rmtree(folder, ignore_errors=True)
         if shards is None:
-            _build_atomically(folder, lambda tmp: _write_shard_folder(tmp, corpus, spec, Path(workspace)))
+            _build_atomically(folder, lambda tmp: _write_shard_folder(tmp, corpus, spec, workspace))
             shards = read_shards(folder, key="workspace cache", check_ids=False)
         fingerprint = corpus.fingerprint
     h = shards.header
@@ -124,7 +125,7 @@ def load_tokens(data_cfg: Mapping[str, Any] | None, workspace: Path) -> TokenDat
 def prepare(
     data_cfg: Mapping[str, Any] | None,
     out_dir: Path,
-    workspace: Path,
+    workspace: Workspace,
     shard_tokens: int | None = None,
     *,
     workers: int | None = None,
@@ -144,7 +145,7 @@ def prepare(
             raise UserError(f"--{name.replace('_', '-')}: {value!r} is not a positive integer")
     corpus = open_text_corpus(cfg)
     spec = cfg.tokenizer or {"name": "byte"}
-    tok, make = _tokenizer_for(spec, corpus, Path(workspace))
+    tok, make = _tokenizer_for(spec, corpus, workspace)
     kwargs = {"say": say} if say else {}
     paths = prepare_folder(
         Path(out_dir),
@@ -160,7 +161,7 @@ def prepare(
     return paths
 
 
-def _tokenizer_for(spec: dict, corpus: TextCorpus, workspace: Path) -> tuple[Any, Callable[[], Any]]:
+def _tokenizer_for(spec: dict, corpus: TextCorpus, workspace: Workspace) -> tuple[Any, Callable[[], Any]]:
     """The tokenizer (bpe: trained on the train split once, cached) and a picklable way to build it again
     in another process."""
     tok = get_tokenizer(
@@ -185,13 +186,13 @@ def _save_tokenizer_file(tok: Any, folder: Path) -> None:
         shutil.copyfile(tok.spec["path"], folder / "tokenizer.json")
 
 
-def _token_cache_dir(workspace: Path, fingerprint: dict, spec: dict) -> Path:
+def _token_cache_dir(workspace: Workspace, fingerprint: dict, spec: dict) -> Path:
     identity = dict(spec)
     if spec["name"] == "hf":  # the file at that path may change: its bytes are part of the key
         identity["sha256"] = hashlib.sha256(Path(spec["path"]).read_bytes()).hexdigest()
     key = json.dumps({"corpus": fingerprint, "tokenizer": identity, "format": _CACHE_FORMAT}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return workspace / "cache" / "tokens" / f"{tokenizer_label(spec)}-{digest}"
+    return workspace.token_cache / f"{tokenizer_label(spec)}-{digest}"
 
 
 def _build_atomically(folder: Path, build) -> None:
@@ -214,7 +215,7 @@ def _build_atomically(folder: Path, build) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_shard_folder(folder: Path, corpus: TextCorpus, spec: dict, workspace: Path) -> None:
+def _write_shard_folder(folder: Path, corpus: TextCorpus, spec: dict, workspace: Workspace) -> None:
     """The workspace cache: the same tokens `ablate prepare` writes, one shard per split, in this process."""
     tok, _ = _tokenizer_for(spec, corpus, workspace)
     write_token_shards(folder, corpus, tok)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ablate.core import registry
 from ablate.core.errors import UserError
+from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import Recipe, RunSpec
 from ablate.store import tracking
 from ablate.store.stores import Stores
@@ -121,7 +122,7 @@ def probe_key(name: str, probe: Any, settings: EvalSettings) -> tuple[str, dict[
 
 
 # --- one run -------------------------------------------------------------------------------------------
-def held_out_batches(run: RunSpec, workspace: Path, tokens: int):
+def held_out_batches(run: RunSpec, workspace: Workspace, tokens: int):
     """(batches (B, seq_len + 1) of the validation split, target tokens they hold): as many evenly spread,
     disjoint windows as `tokens` needs, capped by the split, grouped by the run's micro-batch size."""
     import numpy as np
@@ -130,7 +131,7 @@ def held_out_batches(run: RunSpec, workspace: Path, tokens: int):
     from ablate.data import load_tokens, val_starts
 
     cfg = run.train
-    data = load_tokens(run.data, Path(workspace))
+    data = load_tokens(run.data, workspace)
     width = cfg.seq_len + 1
     windows = min(math.ceil(tokens / cfg.seq_len), len(data.val) // width)
     if windows < 1:
@@ -143,7 +144,7 @@ def held_out_batches(run: RunSpec, workspace: Path, tokens: int):
     return list(rows.split(cfg.micro_batch_size)), windows * cfg.seq_len
 
 
-def load_model(run: RunSpec, workspace: Path, checkpoint: str):
+def load_model(run: RunSpec, workspace: Workspace, checkpoint: str):
     """The run's model with the weights of its `best` or `last` checkpoint (weights only), in eval mode."""
     import torch
 
@@ -161,7 +162,13 @@ def load_model(run: RunSpec, workspace: Path, checkpoint: str):
 
 
 def probe_run(
-    run: RunSpec, run_id: str, probes: dict[str, Any], settings: EvalSettings, *, workspace: Path, client: Any
+    run: RunSpec,
+    run_id: str,
+    probes: dict[str, Any],
+    settings: EvalSettings,
+    *,
+    workspace: Workspace,
+    client: Any,
 ) -> tuple[list[str], list[str]]:
     """Run every probe the MLflow run `run_id` lacks (by settings hash); returns (probed, skipped) names."""
     tags = client.get_run(run_id).data.tags

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from ablate.core.errors import UserError
 from ablate.core.tables import si
+from ablate.core.workspace import Workspace
 from ablate.data import passes as data_passes
 from ablate.recipe.resolve import RunSpec
 
@@ -66,7 +66,7 @@ class DataUse:
         )
 
 
-def data_uses(runs: list[RunSpec], workspace: Path, *, strict: bool = True) -> list[DataUse]:
+def data_uses(runs: list[RunSpec], workspace: Workspace, *, strict: bool = True) -> list[DataUse]:
     """One `DataUse` per distinct `data:` section of `runs` (tokenizing each corpus into the cache).
     `strict=False` (ablate check): a corpus that cannot be read here is a `not_counted` line, not an error."""
     from ablate.data import load_tokens

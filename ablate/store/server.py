@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from ablate.core.errors import UserError
+from ablate.core.workspace import Workspace
 from ablate.store import comparison, tracking
 from ablate.store.commands import has_password, redact
 from ablate.store.stores import Stores
@@ -75,7 +76,7 @@ def store_env(uri: str, env: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def backend_store(uri: str | None, workspace: Path) -> str:
+def backend_store(uri: str | None, workspace: Workspace) -> str:
     """The backend store URL: the user's (a SQLAlchemy URL) or the workspace's SQLite file."""
     if uri is None:
         return Stores(workspace).mlflow_uri()
@@ -114,7 +115,7 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout: float = READY_TIMEOUT)
 
 def serve(
     *,
-    workspace: Path,
+    workspace: Workspace,
     backend_store_uri: str | None = None,
     artifacts: Path | None = None,
     host: str = "127.0.0.1",
@@ -128,7 +129,7 @@ def serve(
     if workers < 1:
         raise UserError(f"--workers: expected a positive number, got {workers}")
     store = backend_store(backend_store_uri, workspace)
-    artifacts = Path(artifacts) if artifacts else tracking.ensure_workspace(workspace) / "artifacts"
+    artifacts = Path(artifacts) if artifacts else workspace.create().artifacts
     try:
         artifacts.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -183,7 +184,7 @@ def serve_ui(stores: Stores, host: str = "127.0.0.1", port: int = 5000) -> int:
     if not 0 < port < 65536:
         raise UserError(f"--port: expected 1-65535, got {port}")
     uri = stores.mlflow_uri()
-    artifacts = (tracking.ensure_workspace(stores.workspace) / "artifacts").as_uri()
+    artifacts = stores.workspace.create().artifacts.as_uri()
     client = stores.client()
     experiments = [
         e for e in client.search_experiments(order_by=["last_update_time DESC"]) if e.name != "Default"

@@ -14,17 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from ablate.core.errors import UserError
+from ablate.core.workspace import Workspace
 from ablate.store import tracking
 
 
 @dataclass(frozen=True)
 class Stores:
-    workspace: Path
+    workspace: Workspace
     tracking_uri: str | None = None
     storage_url: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "workspace", Path(self.workspace))
+        if not isinstance(self.workspace, Workspace):  # a --workspace path, as the verbs and tests give it
+            object.__setattr__(self, "workspace", Workspace(self.workspace))
 
     @property
     def from_export(self) -> bool:
@@ -47,7 +49,7 @@ class Stores:
         if self.tracking_uri:
             uri = tracking.database_url(self.tracking_uri)
         else:
-            uri = f"sqlite:///{tracking.ensure_workspace(self.workspace) / 'mlflow.db'}"
+            uri = f"sqlite:///{self.workspace.create().mlflow_db}"
         sqlite_store.check(uri)  # an older MLflow's SQLite store is copied before it is migrated
         return uri
 
@@ -68,7 +70,7 @@ class Stores:
 
     def optuna_url(self) -> str:
         """The Optuna storage as a URL a worker is given: the given one, or the workspace's journal."""
-        return self.storage_url or f"journal:{tracking.ensure_workspace(self.workspace) / 'optuna.journal'}"
+        return self.storage_url or f"journal:{self.workspace.create().journal}"
 
     def storage(self) -> Any:
         """The Optuna storage: a journal file (the workspace's by default) or an RDB."""

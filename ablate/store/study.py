@@ -235,7 +235,7 @@ def load_finished_study(ctx: SweepContext, verb: str):
 
     no_runs = f"{verb}: no finished runs of {ctx.recipe.name} at scale {ctx.scale}"
     workspace = ctx.stores.workspace
-    if ctx.stores.storage_url is None and not (workspace / "optuna.journal").is_file():
+    if ctx.stores.storage_url is None and not workspace.journal.is_file():
         raise UserError(f"{no_runs}: no sweep in workspace {workspace}; run {sweep_hint(ctx)} first")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = ctx.stores.storage()

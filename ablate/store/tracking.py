@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ablate.core.errors import UserError
+from ablate.core.workspace import Workspace
 
 TAG = "ablate."
 RUN_KEY = TAG + "run_key"
@@ -49,19 +49,6 @@ def database_url(url: str) -> str:
     return url
 
 
-def ensure_workspace(workspace: Path) -> Path:
-    workspace = Path(workspace).resolve()
-    try:
-        workspace.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            dir=workspace, prefix=".write-test-"
-        ):  # unique: workers probe at once
-            pass
-    except OSError as e:
-        raise UserError(f"--workspace: cannot write to {workspace}: {e.strerror or e}") from None
-    return workspace
-
-
 def experiment_name(recipe: str, scale: str) -> str:
     return recipe if scale == "paper" else f"{recipe}-{scale}"
 
@@ -72,14 +59,14 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
 
 
-def get_experiment_id(client, name: str, workspace: Path) -> str:
+def get_experiment_id(client, name: str, workspace: Workspace) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         mark_training_experiment(client, experiment)
         return experiment.experiment_id
     location = None
     if client.tracking_uri.startswith("sqlite:"):
-        location = (ensure_workspace(workspace) / "artifacts" / name).as_uri()
+        location = (workspace.create().artifacts / name).as_uri()
     try:
         return client.create_experiment(
             name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: TRAINING_KIND}
@@ -185,7 +172,7 @@ def run_tags(run, code: str, extra: dict[str, str] | None = None) -> dict[str, s
 def open_run(
     client,
     run,
-    workspace: Path,
+    workspace: Workspace,
     *,
     parent_run_id: str | None = None,
     fresh: bool = False,

@@ -11,10 +11,10 @@ The estimate is training FLOPs / measured FLOP rate; validation and start-up add
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
+from ablate.core.workspace import Workspace
 from ablate.hardware.device import DeviceOps, device_ops
 from ablate.hardware.precision import autocast, choose_precision, compute_dtype, training_device
 from ablate.model.cost import model_cost
@@ -80,7 +80,7 @@ def own_steps(run: RunSpec, part: RunSpec) -> range:
     return range(0 if part is run else part.train.cooldown_start, part.train.steps)
 
 
-def trained_tokens(run: RunSpec, workspace: Path | None = None) -> int:
+def trained_tokens(run: RunSpec, workspace: Workspace | None = None) -> int:
     """Tokens a trial trains: the run, plus each smaller budget's cooldown (ablate.train.branches); with
     the `workspace`, less what is done there: finished budgets, and the stable phase a shorter run kept
     (an extended study trains only the new tokens and cooldowns)."""
@@ -99,7 +99,7 @@ def trained_tokens(run: RunSpec, workspace: Path | None = None) -> int:
     return steps * run.train.batch_tokens
 
 
-def make_plan(runs: list[RunSpec], workspace: Path | None = None) -> Plan:
+def make_plan(runs: list[RunSpec], workspace: Workspace | None = None) -> Plan:
     trained = {r: trained_tokens(r, workspace) for r in runs}
     tokens = sum(trained.values())
     flops = sum(3 * model_cost(r.model, r.train.seq_len).fwd_flops_per_token * n for r, n in trained.items())

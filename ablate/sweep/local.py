@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 from ablate.core.errors import UserError
-from ablate.store import tracking
 from ablate.store.study import SweepContext, progress_counts
 from ablate.sweep.worker import AfterTrial, work, worker_argv
 
@@ -47,7 +46,7 @@ def start(
 # --- local worker processes ----------------------------------------------------------------------------
 def spawn_workers(ctx: SweepContext, n: int, overrides_argv: list[str]) -> list[subprocess.Popen]:
     """Start `n` `ablate worker` processes on this machine; their output goes to the workspace's logs/."""
-    logs = tracking.ensure_workspace(ctx.stores.workspace) / "logs"
+    logs = ctx.stores.workspace.create().logs
     logs.mkdir(exist_ok=True)
     # The cores are shared out: n workers of all-core thread pools oversubscribe the CPU (measured on 2
     # cores under load: 2 threads per process ran ~4x slower than 1). A user's own setting is kept.
@@ -118,5 +117,5 @@ def wait_for_workers(ctx: SweepContext, study: Any, procs: list[subprocess.Popen
         raise
     bad = [p.returncode for p in procs if p.returncode not in (0, None)]
     if bad:
-        logs = tracking.ensure_workspace(ctx.stores.workspace) / "logs"
+        logs = ctx.stores.workspace.create().logs
         raise UserError(f"--workers: {len(bad)} worker(s) exited with {bad}; see {logs}")

@@ -128,7 +128,7 @@ def submit_workers(ctx: SweepContext, workers: int, options: SlurmOptions, argv:
     not imported: this layer is below it) with an `ablate worker` command line."""
     import submitit
 
-    folder = ctx.stores.workspace.resolve() / "slurm"
+    folder = ctx.stores.workspace.slurm
     executor = submitit.SlurmExecutor(folder=folder / "%A", max_num_timeout=1000)
     extra = sbatch_extras(options)
     parameters: dict[str, Any] = dict(
@@ -232,10 +232,9 @@ def start(
     check_cluster_stores(ctx, check_slurm(options))
 
     def submit(study: Any, storage: Any = None) -> bool:
-        from ablate.store import tracking
         from ablate.sweep.worker import worker_argv
 
-        tracking.ensure_workspace(ctx.stores.workspace)  # one line now, not in every array task's log
+        ctx.stores.workspace.create()  # one line now, not in every array task's log
         argv, env = worker_argv(ctx, overrides_argv)
         os.environ.update(env)  # sbatch exports this environment to the tasks: a password travels there
         done = submit_workers(ctx, workers, options, argv)

@@ -24,7 +24,9 @@ from typing import Any
 
 import lightning.pytorch as L
 
+from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import RunSpec
+from ablate.store import tracking
 from ablate.store.stores import Stores
 from ablate.train.loop import TrainResult, run_dir, train_run
 
@@ -53,7 +55,7 @@ class BranchPoints(L.Callback):
                 os.replace(partial, path)
 
 
-def branch_checkpoint(workspace: Path, branch: RunSpec) -> Path:
+def branch_checkpoint(workspace: Workspace, branch: RunSpec) -> Path:
     """Where a budget's run finds the state it starts its cooldown from: its own resume checkpoint."""
     return run_dir(workspace, branch) / "checkpoints" / "last.ckpt"
 
@@ -64,12 +66,14 @@ def stable_key(run: RunSpec) -> str:
     return run.identity(without=("steps",))
 
 
-def stable_folder(workspace: Path, run: RunSpec) -> Path:
+def stable_folder(workspace: Workspace, run: RunSpec) -> Path:
     """Where the kept stable-phase state of the run's (variant, size, seed) lives: one file at most."""
-    return run_dir(workspace, run).parent / "stable" / f"{run.name}-{stable_key(run)}"
+    return workspace.stable_folder(
+        tracking.experiment_name(run.recipe, run.scale), f"{run.name}-{stable_key(run)}"
+    )
 
 
-def stable_checkpoint(workspace: Path, run: RunSpec) -> tuple[int, Path] | None:
+def stable_checkpoint(workspace: Workspace, run: RunSpec) -> tuple[int, Path] | None:
     """(step, path) of the kept stable-phase checkpoint of the run's (variant, size, seed), or None."""
     kept = sorted(
         (int(p.stem.removeprefix("step-")), p) for p in stable_folder(workspace, run).glob("step-*.ckpt")
@@ -77,7 +81,7 @@ def stable_checkpoint(workspace: Path, run: RunSpec) -> tuple[int, Path] | None:
     return kept[-1] if kept else None
 
 
-def _keep_latest(workspace: Path, run: RunSpec, source_run_id: str) -> None:
+def _keep_latest(workspace: Workspace, run: RunSpec, source_run_id: str) -> None:
     """After the longest run: one stable checkpoint stays, the latest, with the MLflow run that made it
     (this run's; or a longer run's kept before, which keeps its own record)."""
     latest = stable_checkpoint(workspace, run)
@@ -92,7 +96,7 @@ def _keep_latest(workspace: Path, run: RunSpec, source_run_id: str) -> None:
     (stable_folder(workspace, run) / "source.json").write_text(json.dumps(meta))
 
 
-def _continue_from_stable(workspace: Path, run: RunSpec) -> dict[str, str]:
+def _continue_from_stable(workspace: Workspace, run: RunSpec) -> dict[str, str]:
     """Start a new longest run from the kept stable state of a shorter one, if there is one it can use.
 
     Usable: saved at or before this run's cooldown start (the lr up to there is the same). The file is
@@ -118,13 +122,13 @@ def _continue_from_stable(workspace: Path, run: RunSpec) -> dict[str, str]:
     return {"ablate.continued_from": meta.get("run_id", ""), "ablate.continued_step": str(step)}
 
 
-def stable_size(workspace: Path, runs: list[RunSpec]) -> tuple[int, int]:
+def stable_size(workspace: Workspace, runs: list[RunSpec]) -> tuple[int, int]:
     """(files, bytes) of the kept stable-phase checkpoints of `runs`."""
     kept = [k[1] for k in (stable_checkpoint(workspace, r) for r in runs) if k is not None]
     return len(kept), sum(p.stat().st_size for p in kept)
 
 
-def prune_stable(workspace: Path, runs: list[RunSpec]) -> tuple[int, int]:
+def prune_stable(workspace: Workspace, runs: list[RunSpec]) -> tuple[int, int]:
     """Delete the kept stable-phase checkpoints of `runs` (the study is final); returns (files, bytes)."""
     files, size = stable_size(workspace, runs)
     for run in runs:

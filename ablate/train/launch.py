@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.core.errors import UserError
+from ablate.core.workspace import Workspace
 
 RANK_SPECS = "ABLATE_RANK_SPECS"  # the folder where a Slurm worker's task 0 hands its runs to the others
 
@@ -105,7 +106,7 @@ def _environment(address: str, port: int, node: int) -> Any:
 
 
 @contextlib.contextmanager
-def local_ranks(run: Any, workspace: Path, folder: Path) -> Iterator[list[Any]]:
+def local_ranks(run: Any, workspace: Workspace, folder: Path) -> Iterator[list[Any]]:
     """Around Trainer creation and fit in the calling process: start the other local ranks, yield the
     Trainer plugins to pass, and on the way out tear down the process group and reap the ranks."""
     cfg = run.train
@@ -127,7 +128,7 @@ def local_ranks(run: Any, workspace: Path, folder: Path) -> Iterator[list[Any]]:
     node = node_rank()
     folder.mkdir(parents=True, exist_ok=True)
     spec = folder / "launch.json"  # one per run folder: a resumed run overwrites the one a killed run left
-    spec.write_text(json.dumps({"run": run.to_json(), "workspace": str(Path(workspace).resolve())}))
+    spec.write_text(json.dumps({"run": run.to_json(), "workspace": str(workspace)}))
     env = {
         **os.environ,
         "MASTER_ADDR": address,
@@ -156,12 +157,12 @@ def local_ranks(run: Any, workspace: Path, folder: Path) -> Iterator[list[Any]]:
         raise RuntimeError(f"local ranks 1..{cfg.devices - 1} exited with codes {codes}")
 
 
-def publish_spec(folder: Path, run: dict[str, Any] | None, workspace: Path | None = None) -> Path:
+def publish_spec(folder: Path, run: dict[str, Any] | None, workspace: Workspace | None = None) -> Path:
     """Task 0 of a multi-task worker: the next numbered spec for the followers (`run` None: stop), written
     to a temporary name and renamed, so a follower never reads half a file."""
     folder.mkdir(parents=True, exist_ok=True)
     n = len(list(folder.glob("*.json")))
-    spec = {"done": True} if run is None else {"run": run, "workspace": str(Path(workspace).resolve())}
+    spec = {"done": True} if run is None else {"run": run, "workspace": str(workspace)}
     partial = folder / f"{n}.json.partial"
     partial.write_text(json.dumps(spec))
     return partial.replace(folder / f"{n}.json")

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from ablate.core import contract
 from ablate.core.config import TrainConfig
 from ablate.core.errors import UserError
+from ablate.core.workspace import Workspace
 from ablate.hardware.allocator import tune_glibc_malloc
 from ablate.hardware.machine import machine_description
 from ablate.hardware.precision import choose_precision, training_device
@@ -333,13 +334,9 @@ def run_attention_kernel(run: RunSpec, device: str, precision: str) -> str:
     return attention_kernel(model, torch.device(device), compute_dtype(precision), seq_len=run.train.seq_len)
 
 
-def run_dir(workspace: Path, run: RunSpec) -> Path:
-    return (
-        Path(workspace).resolve()
-        / "runs"
-        / tracking.experiment_name(run.recipe, run.scale)
-        / f"{run.name}-{run.key}"
-    )
+def run_dir(workspace: Workspace, run: RunSpec) -> Path:
+    """The run's folder in the workspace: checkpoints, result.json, its lock."""
+    return workspace.run_folder(tracking.experiment_name(run.recipe, run.scale), f"{run.name}-{run.key}")
 
 
 def train_run(
@@ -458,9 +455,9 @@ def _finish_in_mlflow(client: Any, run_id: str, result: TrainResult) -> None:
     client.set_terminated(run_id, status="FINISHED")
 
 
-def train_rank(run: RunSpec, *, workspace: Path) -> TrainResult:
+def train_rank(run: RunSpec, *, workspace: Workspace) -> TrainResult:
     """A rank other than global rank 0 of a multi-device run: the same training, no MLflow, no files."""
-    tokens = _load_data(run, Path(workspace))
+    tokens = _load_data(run, workspace)
     return _train(run, run.train, tokens, run_dir(workspace, run), None, False, [], workspace)
 
 
@@ -484,7 +481,7 @@ def _record_passes(client: Any, run_id: str, run: RunSpec, data: Any) -> None:
         )
 
 
-def _load_data(run: RunSpec, workspace: Path) -> Any:
+def _load_data(run: RunSpec, workspace: Workspace) -> Any:
     """The run's data: token arrays of a corpus, or a task (ablate.data.tasks) that generates samples."""
     from ablate.data import load_tokens
     from ablate.data.task_batches import build_task, check_fits, task_spec
@@ -504,7 +501,7 @@ def _train(
     sink: Callable[[dict[str, float], int], None] | None,
     progress: bool,
     callbacks: list[L.Callback],
-    workspace: Path,
+    workspace: Workspace,
 ) -> TrainResult:
     """Train on this process's rank; `sink` (global rank 0 only) receives the metrics."""
     from lightning.pytorch.callbacks import ModelCheckpoint

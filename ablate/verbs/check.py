@@ -62,7 +62,7 @@ def check(
         f"(matrix products, dense attention maps; training = 3x)"
     )
     print(table)
-    for use in data_uses(loaded.runs_for(loaded.seeds[:1]), opts.workspace_path, strict=False):
+    for use in data_uses(loaded.runs_for(loaded.seeds[:1]), opts.layout, strict=False):
         print(use.line() + ("" if not use.repeats or use.allowed else f"; {use.refusal()}"))
     tol = loaded.tolerance
     print(

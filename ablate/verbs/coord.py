@@ -37,7 +37,7 @@ def run_coord(
     if len(widths) < 2 or steps < 1:
         raise UserError("--coord_widths: the coordinate check needs 2 or more widths and --coord_steps >= 1")
     train = runs[0].train
-    data = load_tokens(runs[0].data, opts.workspace_path)
+    data = load_tokens(runs[0].data, opts.layout)
     tokens = torch.as_tensor(data.train[:PREFIX_TOKENS].astype("int64"))
     started = time.perf_counter()
     rows = coord_check(

@@ -10,10 +10,10 @@ import dataclasses
 import json
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ablate.core.errors import UserError
+from ablate.core.workspace import Workspace
 
 if TYPE_CHECKING:
     from ablate.store.stores import Stores
@@ -48,8 +48,9 @@ class Shared:
     grace_period: float = 60.0
 
     @property
-    def workspace_path(self) -> Path:
-        return Path(self.workspace)
+    def layout(self) -> Workspace:
+        """The --workspace folder's layout (ablate.core.workspace)."""
+        return Workspace(self.workspace)
 
     @property
     def stores(self) -> Stores:
@@ -60,7 +61,7 @@ class Shared:
         tracking_uri, storage = passed_down(
             self.tracking_uri, self.storage
         )  # a parent's, through the environment
-        return Stores(self.workspace_path, tracking_uri_checked(tracking_uri), storage)
+        return Stores(self.layout, tracking_uri_checked(tracking_uri), storage)
 
 
 def shared(*names: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
@@ -109,7 +110,7 @@ def tracking_uri_checked(uri: str | None) -> str | None:
         folder = uri[len("file://") :] if base == "file" else uri
         raise UserError(
             f"--tracking-uri: {uri!r} is a folder (a file store), which MLflow 3 does not open; give "
-            f"sqlite:///{Path(folder).resolve() / 'mlflow.db'} for a database in it, or leave --tracking-uri "
+            f"sqlite:///{Workspace(folder).mlflow_db} for a database in it, or leave --tracking-uri "
             "out for the workspace's own store"
         )
     if base not in TRACKING_SCHEMES:

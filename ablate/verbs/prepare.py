@@ -39,7 +39,7 @@ def prepare(
         raise UserError(f"--out: missing; give the folder for the shards of {recipe}")
     opts = Shared(**options)
     loaded = load(recipe, overrides, opts.scale)
-    paths = prepare_shards(loaded.runs[0].data, Path(out), opts.workspace_path, shard_tokens, workers=workers)
+    paths = prepare_shards(loaded.runs[0].data, Path(out), opts.layout, shard_tokens, workers=workers)
     for path in paths:
         print(path)
     return 0

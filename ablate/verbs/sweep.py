@@ -224,7 +224,7 @@ def refuse_final_while_busy(ctx: SweepContext) -> None:
 
     from ablate.store.study import open_study
 
-    if ctx.stores.storage_url is None and not (ctx.stores.workspace / "optuna.journal").is_file():
+    if ctx.stores.storage_url is None and not ctx.stores.workspace.journal.is_file():
         return
     try:
         study, _ = open_study(ctx, create=False)

@@ -47,7 +47,7 @@ def server(
     from ablate.store.server import serve
 
     return serve(
-        workspace=Shared(**options).workspace_path,
+        workspace=Shared(**options).layout,
         backend_store_uri=backend_store_uri,
         artifacts=Path(artifacts) if artifacts else None,
         host=host,

@@ -153,13 +153,14 @@ def fit_validation(recipe: Path, scale: str, workspace: Path) -> None:
     image's own standard library: about 136K validation tokens under BPE-8192 on CPython 3.12, about 80K
     without tkinter or lib2to3): as many of the asked `val_batches` as fit, before any training; one line
     and exit where not one fits. Tokenizes into the workspace's cache, which the training reads next."""
+    from ablate.core.workspace import Workspace
     from ablate.data import load_tokens
     from ablate.recipe.resolve import load_recipe
 
     loaded = load_recipe(recipe, scale=scale)
     run = loaded.runs_for(loaded.seeds[:1])[0]
     cfg = run.train
-    have = len(load_tokens(run.data, workspace).val)
+    have = len(load_tokens(run.data, Workspace(workspace)).val)
     most = have // ((cfg.seq_len + 1) * cfg.micro_batch_size)
     if most < 1:
         raise SystemExit(

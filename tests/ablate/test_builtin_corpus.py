@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from ablate.core.errors import UserError
+from ablate.core.workspace import Workspace
 from ablate.data import builtin_corpus as bc
 from ablate.data.config import DataConfig
 from ablate.data.corpus import build_builtin, count_tokens, open_text_corpus
@@ -168,7 +169,9 @@ def test_data_source_opens_the_built_corpus_and_its_token_counts_match_load_toke
     corpus = open_text_corpus(DataConfig(source=NAME))
     assert corpus.fingerprint == record["fingerprint"]
     assert corpus.n_documents("val") >= 1 and corpus.n_documents("train") >= 1
-    data = load_tokens({"source": NAME, "tokenizer": {"name": "bpe", "vocab_size": 2048}}, tmp_path / "ws")
+    data = load_tokens(
+        {"source": NAME, "tokenizer": {"name": "bpe", "vocab_size": 2048}}, Workspace(tmp_path / "ws")
+    )
     counts = record["tokens"]["bpe-2048"]
     assert (len(data.train), len(data.val)) == (counts["train"], counts["val"])
     assert data.fingerprint == record["fingerprint"]

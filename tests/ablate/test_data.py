@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from ablate.core.errors import UserError
+from ablate.core.workspace import Workspace
 from ablate.data import load_tokens, parse_data_config, prepare, vocab_size_for, vocab_size_of
 from ablate.data.corpus import open_text_corpus
 from ablate.data.shards import dtype_for, read_shards
@@ -116,7 +117,7 @@ def test_bad_jsonl_line_is_a_user_error(tmp_path):
 def test_missing_and_empty_sources_are_user_errors(tmp_path):
     missing = tmp_path / "x" / "y"
     with pytest.raises(UserError) as e:
-        load_tokens({"source": str(missing)}, tmp_path / "ws")
+        load_tokens({"source": str(missing)}, Workspace(tmp_path / "ws"))
     assert one_line_error(e) == (
         f"data.source: {missing} does not exist; give a text, .jsonl(.gz/.zst), .json.gz or parquet file, "
         "a folder of them, a saved dataset, a shard folder or 'stdlib'"
@@ -126,7 +127,7 @@ def test_missing_and_empty_sources_are_user_errors(tmp_path):
     (empty / "a.txt").write_text("")
     (empty / "b.txt").write_text("")
     with pytest.raises(UserError) as e:
-        load_tokens({"source": str(empty)}, tmp_path / "ws")
+        load_tokens({"source": str(empty)}, Workspace(tmp_path / "ws"))
     assert one_line_error(e).startswith(f"data.source: {empty} holds no text")
 
 
@@ -165,7 +166,7 @@ def test_bpe_trains_on_train_split_only_caches_and_respects_vocab_size(tmp_path)
     (folder / val_key).write_text("zqxjv " * 2000)  # letters no train document has; the split stays
     corpus = corpus_of(folder, val_fraction=0.2)
     spec = {"name": "bpe", "vocab_size": 300}
-    ws = tmp_path / "ws"
+    ws = Workspace(tmp_path / "ws")
 
     data = load_tokens({"source": str(folder), "tokenizer": spec, "val_fraction": 0.2}, ws)
     assert data.vocab_size == 300 and data.tokenizer == "bpe-300"
@@ -198,7 +199,10 @@ def test_tiktoken_unavailable_offline_is_a_user_error(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
     read_file = tiktoken.load.read_file
     with pytest.raises(UserError) as e:
-        load_tokens({"source": str(make_folder(tmp_path / "c", 4)), "tokenizer": "tiktoken"}, tmp_path / "ws")
+        load_tokens(
+            {"source": str(make_folder(tmp_path / "c", 4)), "tokenizer": "tiktoken"},
+            Workspace(tmp_path / "ws"),
+        )
     msg = one_line_error(e)
     assert msg.startswith("data.tokenizer: tiktoken encoding 'cl100k_base' is not available offline (")
     assert str(tmp_path / "empty-cache") in msg and msg.endswith("use 'byte' or 'bpe'")
@@ -223,7 +227,7 @@ def test_tiktoken_not_installed_is_a_user_error(monkeypatch):
 def test_byte_tokens_join_documents_with_eos_and_hit_the_cache(tmp_path):
     folder = make_folder(tmp_path / "c", n_files=12)
     cfg = {"source": str(folder), "val_fraction": 0.2}
-    data = load_tokens(cfg, tmp_path / "ws")
+    data = load_tokens(cfg, Workspace(tmp_path / "ws"))
     corpus = corpus_of(folder, val_fraction=0.2)
     for split, tokens in (("train", data.train), ("val", data.val)):
         expected = []
@@ -236,34 +240,36 @@ def test_byte_tokens_join_documents_with_eos_and_hit_the_cache(tmp_path):
     bins = list((tmp_path / "ws" / "cache" / "tokens").rglob("*.bin"))
     assert len(bins) == 2
     mtimes = [b.stat().st_mtime_ns for b in bins]
-    again = load_tokens(cfg, tmp_path / "ws")
+    again = load_tokens(cfg, Workspace(tmp_path / "ws"))
     assert [b.stat().st_mtime_ns for b in bins] == mtimes  # read, not rewritten
     assert again.train.tolist() == data.train.tolist()
     # a change of content is a new cache entry
     (folder / "doc001.txt").write_text("changed")
-    load_tokens(cfg, tmp_path / "ws")
-    assert len(list((tmp_path / "ws" / "cache" / "tokens").rglob("*.bin"))) == 4
+    load_tokens(cfg, Workspace(tmp_path / "ws"))
+    assert len(list(Workspace(tmp_path / "ws").token_cache.rglob("*.bin"))) == 4
 
 
 def test_prepare_writes_shards_that_read_back_identically(tmp_path):
     folder = make_folder(tmp_path / "c", n_files=12)
     cfg = {"source": str(folder), "val_fraction": 0.2}
-    direct = load_tokens(cfg, tmp_path / "ws")
+    direct = load_tokens(cfg, Workspace(tmp_path / "ws"))
     out = tmp_path / "shards"
-    paths = prepare(cfg, out, tmp_path / "ws", shard_tokens=1000)
+    paths = prepare(cfg, out, Workspace(tmp_path / "ws"), shard_tokens=1000)
     assert len(paths) > 2 and all(p.exists() and p.with_suffix(".json").exists() for p in paths)
     assert {p.parent.name for p in paths} == {"train", "val"}
-    data = load_tokens({"source": str(out)}, tmp_path / "ws2")
+    data = load_tokens({"source": str(out)}, Workspace(tmp_path / "ws2"))
     assert data.train.tolist() == direct.train.tolist() and data.val.tolist() == direct.val.tolist()
     assert (data.vocab_size, data.eos_id, data.tokenizer) == (257, 256, "byte")
     assert data.fingerprint["corpus"] == direct.fingerprint and len(data.fingerprint["sha256"]) == 64
     assert vocab_size_for({"source": str(out)}) == 257
 
     with pytest.raises(UserError) as e:
-        prepare(cfg, out, tmp_path / "ws")
+        prepare(cfg, out, Workspace(tmp_path / "ws"))
     assert one_line_error(e).startswith(f"out_dir: {out} exists and is not an empty folder")
     with pytest.raises(UserError) as e:
-        load_tokens({"source": str(out), "tokenizer": {"name": "bpe", "vocab_size": 512}}, tmp_path / "ws2")
+        load_tokens(
+            {"source": str(out), "tokenizer": {"name": "bpe", "vocab_size": 512}}, Workspace(tmp_path / "ws2")
+        )
     assert one_line_error(e).startswith("data.tokenizer: {'name': 'bpe', 'vocab_size': 512} differs from")
 
 
@@ -273,7 +279,7 @@ def test_dtype_follows_vocab_size(tmp_path):
     for vocab, dtype, itemsize in ((300, "uint16", 2), (70000, "uint32", 4)):
         out = tmp_path / f"shards{vocab}"
         spec = {"name": "bpe", "vocab_size": vocab}
-        paths = prepare({"source": str(folder), "tokenizer": spec}, out, tmp_path / "ws")
+        paths = prepare({"source": str(folder), "tokenizer": spec}, out, Workspace(tmp_path / "ws"))
         header = json.loads(paths[0].with_suffix(".json").read_text())
         assert header["dtype"] == dtype and header["vocab_size"] == vocab
         assert paths[0].stat().st_size == header["count"] * itemsize
@@ -284,12 +290,12 @@ def test_dtype_follows_vocab_size(tmp_path):
 def test_truncated_or_unreadable_shard_is_a_user_error(tmp_path):
     folder = make_folder(tmp_path / "c", n_files=6)
     out = tmp_path / "shards"
-    train_bin = prepare({"source": str(folder)}, out, tmp_path / "ws")[0]
+    train_bin = prepare({"source": str(folder)}, out, Workspace(tmp_path / "ws"))[0]
     count = json.loads(train_bin.with_suffix(".json").read_text())["count"]
     with open(train_bin, "r+b") as f:
         f.truncate(2 * count - 2)
     with pytest.raises(UserError) as e:
-        load_tokens({"source": str(out)}, tmp_path / "ws")
+        load_tokens({"source": str(out)}, Workspace(tmp_path / "ws"))
     msg = one_line_error(e)
     assert msg.startswith(
         f"data.source: shard {train_bin} has {2 * count - 2} bytes but its header says {count}"
@@ -298,13 +304,13 @@ def test_truncated_or_unreadable_shard_is_a_user_error(tmp_path):
 
     train_bin.with_suffix(".json").write_text("{not json")
     with pytest.raises(UserError) as e:
-        load_tokens({"source": str(out)}, tmp_path / "ws")
+        load_tokens({"source": str(out)}, Workspace(tmp_path / "ws"))
     assert one_line_error(e).startswith(
         f"data.source: shard header {train_bin.with_suffix('.json')} is unreadable"
     )
     os.remove(train_bin.with_suffix(".json"))
     with pytest.raises(UserError) as e:
-        load_tokens({"source": str(out)}, tmp_path / "ws")
+        load_tokens({"source": str(out)}, Workspace(tmp_path / "ws"))
     assert one_line_error(e).startswith(
         f"data.source: shard header {train_bin.with_suffix('.json')} is missing"
     )
@@ -312,17 +318,17 @@ def test_truncated_or_unreadable_shard_is_a_user_error(tmp_path):
 
 def test_damaged_workspace_cache_is_rebuilt(tmp_path):
     folder = make_folder(tmp_path / "c", n_files=6)
-    data = load_tokens({"source": str(folder)}, tmp_path / "ws")
+    data = load_tokens({"source": str(folder)}, Workspace(tmp_path / "ws"))
     expected = data.train.tolist()
     del data
     (bin_path,) = (tmp_path / "ws" / "cache" / "tokens").rglob("train/*.bin")
     with open(bin_path, "r+b") as f:
         f.truncate(10)
-    assert load_tokens({"source": str(folder)}, tmp_path / "ws").train.tolist() == expected
+    assert load_tokens({"source": str(folder)}, Workspace(tmp_path / "ws")).train.tolist() == expected
 
 
 def test_stdlib_corpus_with_byte_tokenizer(tmp_path):
-    data = load_tokens({}, tmp_path / "ws")
+    data = load_tokens({}, Workspace(tmp_path / "ws"))
     fp = data.fingerprint
     assert fp["source"] == "stdlib" and fp["python"] == ".".join(map(str, sys.version_info[:3]))
     root = Path(sysconfig.get_paths()["stdlib"])

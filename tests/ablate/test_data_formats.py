@@ -23,6 +23,7 @@ from cli_helpers import assert_one_line_error, run_cli
 from mini_project import MINI
 
 from ablate.core.errors import UserError
+from ablate.core.workspace import Workspace
 from ablate.data import load_tokens, vocab_size_of
 from ablate.data.readers import PARQUET_BATCH_ROWS
 
@@ -105,9 +106,11 @@ def corpora(tmp_path_factory) -> dict[str, Path]:
 def test_each_format_gives_the_token_stream_of_the_same_jsonl(corpora, tmp_path, fmt, tokenizer):
     spec = "byte" if tokenizer == "byte" else {"name": "hf", "path": str(corpora["tokenizer"])}
     reference = load_tokens(
-        {"source": str(corpora["jsonl"]), "tokenizer": spec, "val_fraction": 0.2}, tmp_path
+        {"source": str(corpora["jsonl"]), "tokenizer": spec, "val_fraction": 0.2}, Workspace(tmp_path)
     )
-    data = load_tokens({"source": str(corpora[fmt]), "tokenizer": spec, "val_fraction": 0.2}, tmp_path)
+    data = load_tokens(
+        {"source": str(corpora[fmt]), "tokenizer": spec, "val_fraction": 0.2}, Workspace(tmp_path)
+    )
     assert len(reference.val) > 0 and len(reference.train) > 5 * len(reference.val) / 2
     assert np.array_equal(np.asarray(data.train), np.asarray(reference.train))
     assert np.array_equal(np.asarray(data.val), np.asarray(reference.val))
@@ -122,7 +125,9 @@ def test_a_tokenizer_json_ends_documents_with_its_eos_and_adds_no_specials(corpo
 
     own = Tokenizer.from_file(str(corpora["tokenizer"]))
     spec = {"name": "hf", "path": str(corpora["tokenizer"].parent)}  # a folder holding tokenizer.json
-    data = load_tokens({"source": str(corpora["jsonl"]), "tokenizer": spec, "val_fraction": 0.2}, tmp_path)
+    data = load_tokens(
+        {"source": str(corpora["jsonl"]), "tokenizer": spec, "val_fraction": 0.2}, Workspace(tmp_path)
+    )
     eos = own.token_to_id("</s>")
     assert data.eos_id == eos and vocab_size_of(spec) == own.get_vocab_size() == data.vocab_size
     first = list(np.asarray(data.train[: list(np.asarray(data.train)).index(eos)]))
@@ -145,7 +150,7 @@ def test_parquet_is_read_one_row_group_at_a_time(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
     monkeypatch.setattr(pq.ParquetFile, "read", lambda *a, **k: pytest.fail("read the whole file"))
-    load_tokens({"source": str(path.parent), "val_fraction": 0.1}, tmp_path / "ws")
+    load_tokens({"source": str(path.parent), "val_fraction": 0.1}, Workspace(tmp_path / "ws"))
     groups = pq.ParquetFile(path).num_row_groups
     assert {c[1] for c in calls} == {("text",)} and sorted({c[0] for c in calls}) == list(range(groups))
 
@@ -268,4 +273,4 @@ def test_unknown_text_column_names_the_columns(tmp_path):
     with pytest.raises(
         UserError, match=r"data.text_key: .*c.parquet has no column 'body' \(it has: id, text\)"
     ):
-        load_tokens({"source": str(path), "text_key": "body"}, tmp_path / "ws")
+        load_tokens({"source": str(path), "text_key": "body"}, Workspace(tmp_path / "ws"))

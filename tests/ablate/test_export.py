@@ -8,13 +8,14 @@ import math
 import optuna
 from optuna.trial import TrialState
 
+from ablate.core.workspace import Workspace
 from ablate.store import tracking
 from ablate.store.export import SCHEME, exported_study, read_meta, write_export
 from ablate.store.stores import Stores
 
 
 def _store_and_study(tmp_path):
-    workspace = tracking.ensure_workspace(tmp_path / "ws")
+    workspace = Workspace(tmp_path / "ws").create()
     client = Stores(workspace).client()  # the embedded SQLite store a sweep uses
     experiment = tracking.get_experiment_id(client, "e", workspace)
     tags = {"ablate.variant": "diff", "mlflow.user": "someone", "mlflow.source.name": "/srv/someone/x.py"}

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from mini_project import write_recipe
 
+from ablate.core.workspace import Workspace
 from ablate.data import ValBatches, load_tokens
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import load_recipe
@@ -80,13 +80,15 @@ def test_training_logs_the_final_models_layer_rms_to_mlflow(tmp_path):
         logged[key] = history[final_step]
     # The final validation saw the final weights: rebuild them from the last checkpoint, and take the
     # first held-out micro-batch as the training run did.
-    checkpoint = torch.load(Path(run_dir(workspace, run)) / "checkpoints" / "last.ckpt", weights_only=True)
+    checkpoint = torch.load(
+        run_dir(Workspace(workspace), run) / "checkpoints" / "last.ckpt", weights_only=True
+    )
     model = build_model(run.config["model"], seed=123)  # different init: the weights must come from the file
     state = {k[len("model.") :]: v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(state)
     model.eval()
     cfg = run.train
-    tokens = load_tokens(run.config["data"], workspace)
+    tokens = load_tokens(run.config["data"], Workspace(workspace))
     batch = ValBatches(
         tokens.val, seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size, n_batches=cfg.val_batches
     )[0]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import math
 
+from ablate.core.workspace import Workspace
 from ablate.store import tracking
 from ablate.store.stores import Stores
 
 
 def test_a_diverged_runs_summary_is_strict_json_with_null_for_nan(tmp_path):
     client = Stores(tmp_path / "ws").client()
-    experiment = tracking.get_experiment_id(client, "strict-json", tmp_path / "ws")
+    experiment = tracking.get_experiment_id(client, "strict-json", Workspace(tmp_path / "ws"))
     run_id = client.create_run(experiment).info.run_id
     summary = {"val_loss": math.nan, "best": {"loss": math.inf, "step": 4}, "curve": [1.5, -math.inf]}
     tracking.log_json(client, run_id, summary, "final_metrics.json")

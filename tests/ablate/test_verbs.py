@@ -49,3 +49,24 @@ def test_no_library_module_opens_as_a_verb():
         if doc.startswith("`ablate "):
             found.append(str(path.relative_to(ROOT)))
     assert not found, found
+
+
+def test_the_workspace_layout_is_one_value_not_a_loose_path():
+    """Every function given the workspace takes its layout (ablate.core.workspace.Workspace), and only that
+    module names the folders in it: no `workspace: Path` parameter, no `"runs"`/`"cache"`/`"logs"`/
+    `"slurm"`/`"mlflow.db"`/`"optuna.journal"` joined to a path elsewhere."""
+    loose, joined = [], []
+    layout_names = {"runs", "cache", "logs", "slurm", "mlflow.db", "optuna.journal", "artifacts"}
+    for path in sorted((ROOT / "ablate").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for arg in [*node.args.args, *node.args.kwonlyargs]:
+                    shown = ast.unparse(arg.annotation) if arg.annotation else ""
+                    if arg.arg == "workspace" and "Workspace" not in shown:
+                        loose.append(f"{path.name}:{node.name}({arg.arg}: {shown or 'unannotated'})")
+            if path.name != "workspace.py" and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                if isinstance(node.right, ast.Constant) and node.right.value in layout_names:
+                    joined.append(f"{path.name}:{node.lineno} / {node.right.value!r}")
+    assert not loose, loose
+    assert not joined, joined

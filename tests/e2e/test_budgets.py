@@ -18,6 +18,7 @@ from mini_project import run_cli, sweep_argv, write_recipe
 
 from ablate.core.config import TrainConfig
 from ablate.core.errors import UserError
+from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.branches import train_budgets
@@ -154,7 +155,7 @@ def test_a_killed_budgeted_sweep_resumes_without_retraining_a_finished_budget(tm
     long_run = next(r for r in children if r.data.tags["ablate.budget_steps"] == "200")
     steps = [m.step for m in client.get_metric_history(long_run.info.run_id, "train/loss")]
     assert len(steps) == len(set(steps))  # the longest run logged each step once
-    assert run_dir(workspace, load_recipe(recipe).runs[0]) == longest
+    assert run_dir(Workspace(workspace), load_recipe(recipe).runs[0]) == longest
 
 
 def test_a_budgeted_sweep_reports_every_budget_the_gap_and_its_trend(tmp_path, capsys):

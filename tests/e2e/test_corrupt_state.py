@@ -11,6 +11,7 @@ import lightning.pytorch as L
 import pytest
 from mini_project import write_corpus, write_recipe
 
+from ablate.core.workspace import Workspace
 from ablate.data.tokenizers import bpe_cache_path, get_tokenizer
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
@@ -97,11 +98,15 @@ def test_a_truncated_cached_tokenizer_is_trained_again(tmp_path, capsys):
     spec = {"name": "bpe", "vocab_size": 300}
     fingerprint = {"corpus": "five docs"}
     workspace = tmp_path / "ws"
-    first = get_tokenizer(spec, workspace=workspace, fingerprint=fingerprint, train_documents=lambda: docs)
-    path = bpe_cache_path(workspace, fingerprint, 300)
+    first = get_tokenizer(
+        spec, workspace=Workspace(workspace), fingerprint=fingerprint, train_documents=lambda: docs
+    )
+    path = bpe_cache_path(Workspace(workspace), fingerprint, 300)
     whole = path.read_bytes()
     path.write_bytes(whole[: len(whole) // 2])
-    again = get_tokenizer(spec, workspace=workspace, fingerprint=fingerprint, train_documents=lambda: docs)
+    again = get_tokenizer(
+        spec, workspace=Workspace(workspace), fingerprint=fingerprint, train_documents=lambda: docs
+    )
     assert "cannot be read" in capsys.readouterr().out
     assert path.read_bytes() == whole  # rebuilt, the same file
     assert list(again.encode(docs[0])) == list(first.encode(docs[0]))

@@ -8,6 +8,7 @@ import csv
 import pytest
 from mini_project import write_recipe
 
+from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.branches import stable_folder
@@ -52,10 +53,10 @@ def test_an_extended_budgeted_study_trains_only_the_new_steps_and_matches_a_fres
     assert _sweep(main, short, ws, rep) == 0
     runs = load_recipe(short).runs
     for run in runs:  # one kept stable-phase checkpoint per (row, seed): the longest run's cooldown start
-        assert [p.name for p in stable_folder(ws, run).glob("*.ckpt")] == ["step-6.ckpt"]  # 8 - 2
+        assert [p.name for p in stable_folder(Workspace(ws), run).glob("*.ckpt")] == ["step-6.ckpt"]  # 8 - 2
     assert "kept 1 stable-phase checkpoints, one per (row, seed)" in capsys.readouterr().out
     finished = {
-        (r.variant, b): (run_dir(ws, r.at_budget(b)) / "result.json").stat().st_mtime_ns
+        (r.variant, b): (run_dir(Workspace(ws), r.at_budget(b)) / "result.json").stat().st_mtime_ns
         for r in runs
         for b in (4, 8)
     }
@@ -75,9 +76,11 @@ def test_an_extended_budgeted_study_trains_only_the_new_steps_and_matches_a_fres
     assert out.count("continuing from the stable phase kept at step 6; training 10 steps") == 1
     for (variant, budget), mtime in finished.items():  # finished budgets were not retrained
         run = next(r for r in runs if r.variant == variant)
-        assert (run_dir(ws, run.at_budget(budget)) / "result.json").stat().st_mtime_ns == mtime
+        assert (run_dir(Workspace(ws), run.at_budget(budget)) / "result.json").stat().st_mtime_ns == mtime
     for run in load_recipe(extended).runs:  # still one per (row, seed), now at the new cooldown start
-        assert [p.name for p in stable_folder(ws, run).glob("*.ckpt")] == ["step-13.ckpt"]  # 16 - 3
+        assert [p.name for p in stable_folder(Workspace(ws), run).glob("*.ckpt")] == [
+            "step-13.ckpt"
+        ]  # 16 - 3
 
     assert _sweep(main, extended, fresh_ws, tmp_path / "fresh-rep") == 0
     capsys.readouterr()
@@ -120,9 +123,11 @@ def test_an_extended_budgeted_study_trains_only_the_new_steps_and_matches_a_fres
     assert len(err.splitlines()) == 1 and err.startswith(
         "ablate: error: train.lr: study 'mini' was trained with 0.003"
     )
-    assert not any(stable_folder(ws, r).joinpath("step-26.ckpt").exists() for r in load_recipe(other).runs)
+    assert not any(
+        stable_folder(Workspace(ws), r).joinpath("step-26.ckpt").exists() for r in load_recipe(other).runs
+    )
 
     # the study is final: its kept checkpoints go
     assert _sweep(main, extended, ws, rep, "--final") == 0
     assert "final: deleted 1 stable-phase checkpoints" in capsys.readouterr().out
-    assert not any(stable_folder(ws, r).exists() for r in load_recipe(extended).runs)
+    assert not any(stable_folder(Workspace(ws), r).exists() for r in load_recipe(extended).runs)

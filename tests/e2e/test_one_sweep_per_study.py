@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 
 from ablate.cli import main
 from ablate.core.errors import UserError
+from ablate.core.workspace import Workspace
 from ablate.store.stores import Stores
 from ablate.store.study import SWEEP_LOCK_SUFFIX, open_study
 from ablate.sweep import queue
@@ -125,7 +126,7 @@ def test_two_processes_never_train_one_run_folder(tmp_path, capsys):
     recipe = write_recipe(tmp_path)
     workspace = tmp_path / "ws"
     (run,) = load_recipe(recipe, []).resolve(None, seeds=[0], variants=["transformer"])
-    folder = run_dir(workspace, run)
+    folder = run_dir(Workspace(workspace), run)
     argv = ["train", str(recipe), "--variant", "transformer", "--workspace", str(workspace)]
     holder = _holder(FOLDER_HOLDER, str(folder))
     try:
@@ -199,7 +200,7 @@ def test_a_worker_whose_trial_was_handed_away_stops_training_it(tmp_path, capsys
     waiting = [t for t in trials if t.state == TrialState.WAITING]
     assert len(waiting) == 2 and sum(t.user_attrs.get("retry_of") == trial.number for t in waiting) == 1
     run = ctx.run_for_plan(ctx.plans()[0])
-    folder = run_dir(workspace, run)
+    folder = run_dir(Workspace(workspace), run)
     assert not (folder / "result.json").exists()  # it stopped, long before step 6000
     with training(folder):  # and let go of the run folder for the worker that trains it now
         pass

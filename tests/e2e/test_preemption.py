@@ -11,6 +11,7 @@ import pytest
 import torch
 from mini_project import write_recipe
 
+from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
 from ablate.sweep import preemption
@@ -51,7 +52,7 @@ def test_a_warned_run_checkpoints_at_its_step_and_resumes_to_the_same_numbers(tm
     finally:
         preemption.disarm()
     assert stopped.value.step == 7 and saved == [7]
-    last = run_dir(warned_ws, run) / "checkpoints" / "last.ckpt"
+    last = run_dir(Workspace(warned_ws), run) / "checkpoints" / "last.ckpt"
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 7  # not the val at 5
 
     resumed = train_run(run, Stores(warned_ws), progress=False)

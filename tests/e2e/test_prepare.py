@@ -15,6 +15,7 @@ import pytest
 import yaml
 from mini_project import MINI, cli_command
 
+from ablate.core.workspace import Workspace
 from ablate.data import load_tokens
 
 WORDS = [f"w{i}" for i in range(300)] + ["the", "of", "and", "über", "東京", "λ", "(", ")", ":"]
@@ -108,9 +109,9 @@ def test_prepare_killed_midway_finishes_with_the_shards_of_an_uninterrupted_run(
 
     # `ablate train` on the shard folder reads the same tokens as on the raw source (the workspace cache
     # is built by the same code in one process)
-    shards = load_tokens({"source": str(out)}, tmp_path / "ws2")
+    shards = load_tokens({"source": str(out)}, Workspace(tmp_path / "ws2"))
     raw = yaml.safe_load(path.read_text())["base"]["data"]
-    direct = load_tokens(raw, tmp_path / "ws3")
+    direct = load_tokens(raw, Workspace(tmp_path / "ws3"))
     assert np.array_equal(np.asarray(shards.train), np.asarray(direct.train))
     assert np.array_equal(np.asarray(shards.val), np.asarray(direct.val))
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from scaleout_helpers import cli_command, cli_env, run_cli, write_recipe
 
+from ablate.core.workspace import Workspace
 from ablate.data import TrainBatches, load_tokens, train_batch
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import load_recipe
@@ -146,7 +147,7 @@ def test_step_one_loss_distinguishes_data_shares(reference):
     recipe = load_recipe(reference["ddp_recipe"])
     (run,) = recipe.resolve(variants=["diff"])
     cfg = run.train
-    tokens = load_tokens(run.config["data"], reference["folder"] / "single")
+    tokens = load_tokens(run.config["data"], Workspace(reference["folder"] / "single"))
     model = build_model(run.config["model"], seed=run.seed)
 
     def loss(batch: torch.Tensor) -> float:
