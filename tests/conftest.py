@@ -1,0 +1,49 @@
+"""Fixtures for the whole suite (each folder's conftest.py has its own)."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _embedded_mlflow_stores_from_one_migration(tmp_path_factory: pytest.TempPathFactory):
+    """A new embedded MLflow store (an empty SQLite file) opened in this process starts as a copy of one
+    that MLflow's own code created and migrated once this session, instead of running MLflow's ~60 schema
+    migrations again (seconds each time; some hundred tests open a fresh store in-process). The copy is
+    that database, byte for byte; everything after it is MLflow's. The real migration still runs here for
+    that one store, in every `ablate` the tests start in a fresh interpreter, for every server store
+    (PostgreSQL), and where ablate migrates an older MLflow's store (ablate.store.sqlite_store)."""
+    try:
+        from mlflow.store.db import utils
+    except ImportError:  # nothing here opens an MLflow store
+        yield
+        return
+    real = utils._initialize_tables
+    template = None
+
+    def initialize_tables(engine) -> None:
+        nonlocal template
+        database = engine.url.database
+        if engine.dialect.name != "sqlite" or not database or database == ":memory:":
+            real(engine)
+            return
+        if template is None:
+            import sqlalchemy
+
+            path = tmp_path_factory.mktemp("mlflow-store") / "mlflow.db"
+            once = sqlalchemy.create_engine(f"sqlite:///{path}")
+            real(once)
+            once.dispose()
+            template = path
+        with (
+            contextlib.closing(sqlite3.connect(template)) as source,
+            contextlib.closing(sqlite3.connect(database)) as target,
+        ):
+            source.backup(target)
+
+    utils._initialize_tables = initialize_tables
+    yield
+    utils._initialize_tables = real
