@@ -111,7 +111,8 @@ def compared_choices(path: str | Path, label: str) -> list[Choice]:
     """The best lr per (row, size) of an earlier grid's `lr_sensitivity.csv`, in the CSV's order."""
     path = Path(path)
     try:
-        rows = list(csv.DictReader(path.open(encoding="utf-8")))
+        with path.open(encoding="utf-8", newline="") as f:
+            rows = list(csv.DictReader(f))
     except OSError as e:
         raise UserError(f"compare_with.path: cannot read {str(path)!r} ({e.strerror or e})") from None
     need = {"variant", "size", LR, "valid_mean"}
