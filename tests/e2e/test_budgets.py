@@ -158,14 +158,19 @@ def test_a_killed_budgeted_sweep_resumes_without_retraining_a_finished_budget(tm
     assert run_dir(Workspace(workspace), load_recipe(recipe).runs[0]) == longest
 
 
-def test_a_budgeted_sweep_reports_every_budget_the_gap_and_its_trend(tmp_path, capsys):
+def test_a_budgeted_sweep_reports_every_budget_the_gap_and_its_trend_and_fits_one_point_per_run(
+    tmp_path, capsys
+):
+    """One study, two readers: the report (a table per budget, the gap and its trend, written again the
+    same), then `ablate fit` over tokens (one point per budget run, not per validation). The fit comes
+    last: it tags the runs, and the report's export carries the tags."""
     from ablate.cli import main
 
     recipe = write_recipe(
         tmp_path,
         seeds=[0, 1],
         base__train__schedule="wsd",
-        base__train__val_every=8,
+        base__train__val_every=4,  # validations inside each run that a fit must not take as points
         budgets={"steps": [8, 16, 32]},
     )
     code = main(sweep_argv(recipe, tmp_path))
@@ -233,19 +238,8 @@ def test_a_budgeted_sweep_reports_every_budget_the_gap_and_its_trend(tmp_path, c
     after = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert after == before
 
-
-def test_fit_over_tokens_of_a_budgeted_study_takes_one_point_per_budget_run(tmp_path):
-    from ablate.cli import main
-
-    recipe = write_recipe(
-        tmp_path,
-        seeds=[0, 1],
-        base__train__schedule="wsd",
-        base__train__val_every=4,
-        budgets={"steps": [8, 16, 32]},
-    )
+    # fit over tokens: one point per budget run
     ws = ["--workspace", str(tmp_path / "ws")]
-    assert main(["sweep", str(recipe), "--yes", *ws, "--reports", str(tmp_path / "rep")]) == 0
     assert main(["fit", str(recipe), *ws, "--out", str(tmp_path / "fit"), "--bootstrap", "20"]) == 0
     fit = json.loads((tmp_path / "fit" / "fit.json").read_text())
     assert fit["form"] == "tokens" and fit["source"]["points"] == 2 * 2 * 3  # rows x seeds x budgets
