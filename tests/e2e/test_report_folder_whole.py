@@ -2,11 +2,14 @@
 (ablate.store.export.check_settings), with a stored command that names no password and keeps its quoting.
 
 Each test rebuilds `exported-mini/` (a two-run study of the mini recipe kept as a fixture) with the real CLI
-in a fresh interpreter, in a copy under tmp_path: no workspace, no store.
+(`ablate.cli.main`; in fresh interpreters where they are killed), in a copy under tmp_path: no workspace, no
+store.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import random
@@ -56,6 +59,21 @@ def _one_line(proc: subprocess.CompletedProcess, *fragments: str) -> None:
 
 
 def _report(tmp_path: Path) -> subprocess.CompletedProcess:
+    """`ablate report --from reports/mini/` run in `tmp_path`, in this interpreter (the verb's whole path,
+    without a fresh interpreter's seconds of imports: the killed-report test below runs it in fresh ones)."""
+    from ablate.cli import main
+
+    out, err, cwd = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["report", "--from", "reports/mini/"])
+    finally:
+        os.chdir(cwd)
+    return subprocess.CompletedProcess(["ablate", "report"], code, out.getvalue(), err.getvalue())
+
+
+def _report_in_a_fresh_interpreter(tmp_path: Path) -> subprocess.CompletedProcess:
     return run_cli("report", "--from", "reports/mini/", cwd=tmp_path)
 
 
@@ -165,7 +183,7 @@ def test_a_report_killed_while_it_writes_leaves_the_old_folder_or_the_new_one(tm
     shutil.copytree(tmp_path / "reports", pristine / "reports")
     old = _tree(folder)
     started = time.monotonic()
-    proc = _report(tmp_path)
+    proc = _report_in_a_fresh_interpreter(tmp_path)
     full = time.monotonic() - started  # how long a run takes here: the kills are spread over it
     assert proc.returncode == 0, proc.stderr
     new = _tree(folder)
@@ -192,7 +210,7 @@ def test_a_report_killed_while_it_writes_leaves_the_old_folder_or_the_new_one(tm
         leftovers = [p.name for p in (tmp_path / "reports").iterdir() if p.name != "mini"]
         assert all(name.startswith(".mini.writing-") for name in leftovers), leftovers
     # a run after the kills clears what a killed one left beside the folder, and writes the new one
-    assert _report(tmp_path).returncode == 0
+    assert _report_in_a_fresh_interpreter(tmp_path).returncode == 0
     assert _tree(folder) == new and [p.name for p in (tmp_path / "reports").iterdir()] == ["mini"]
     print(f"kills: {outcomes.count('old')} left the old folder, {outcomes.count('new')} the new one")
 
