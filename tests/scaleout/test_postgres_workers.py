@@ -44,18 +44,18 @@ def _start_worker(
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=recipe.parent, env=cli_env())
 
 
-def _wait_all(procs: list[subprocess.Popen], logs: list[Path], timeout: float = 150) -> None:
-    deadline = time.monotonic() + timeout
-    for proc, log in zip(procs, logs):
-        try:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise AssertionError(
-                f"worker {proc.pid} still running after {timeout} s:\n{log.read_text()[-3000:]}"
-            ) from None
-        assert proc.returncode == 0, f"worker exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+def _wait_all(procs: list[subprocess.Popen], logs: list[Path]) -> None:
+    """Every worker to its end, however long a busy machine takes (pytest's timeout is the hang guard);
+    whatever ends the wait, no worker is left running."""
+    try:
+        for proc, log in zip(procs, logs):
+            proc.wait()
+            assert proc.returncode == 0, f"worker exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def _children(tracking_uri: str, experiment: str = "mini"):
