@@ -1,11 +1,19 @@
-"""Fixtures for the whole suite (each folder's conftest.py has its own)."""
+"""Fixtures for the whole suite (each folder's conftest.py has its own).
+
+One thread for torch, here and in every `ablate` the tests start (OMP_NUM_THREADS, set before anything
+imports torch, unless the caller set it): the suite's models are tiny, and on a busy 2-core machine
+OpenMP's spinning threads made a mini model's backward 14-30x slower than one thread.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 
 import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
