@@ -47,13 +47,13 @@ def test_a_study_past_one_pass_is_refused_in_one_line_and_nothing_trains(tmp_pat
     assert not (tmp_path / "r").exists() and not list(ws.rglob("result.json"))
 
 
-def test_with_repeat_allowed_the_report_flags_the_runs_past_one_pass(tmp_path):
+def test_with_repeat_allowed_the_report_flags_the_runs_past_one_pass(tmp_path, monkeypatch, capsys):
+    from ablate.cli import main
+
     recipe = _small_recipe(tmp_path, base__data__repeat="allow")
-    proc = run_cli(
-        "sweep", str(recipe), "--yes", "--workspace", str(tmp_path / "ws"), "--reports", "r", cwd=tmp_path
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    split = _split_tokens(proc.stdout)
+    monkeypatch.chdir(tmp_path)  # in this interpreter: the test above runs the verb in a fresh one
+    assert main(["sweep", str(recipe), "--yes", "--workspace", str(tmp_path / "ws"), "--reports", "r"]) == 0
+    split = _split_tokens(capsys.readouterr().out)
     folder = tmp_path / "r" / "mini"
     table = (folder / "table.md").read_text()
     # the header: the split and the passes; the rows (whose longest runs are past one pass) marked ↻
