@@ -27,7 +27,14 @@ EXPORTED = [(FIXTURE, "mini")] + [
 ]
 
 
-INPUTS = ("runs.parquet", "metrics.parquet", "README.md", "predictions.csv", "beyond_edges.csv")
+INPUTS = (
+    "runs.parquet",
+    "metrics.parquet",
+    "README.md",
+    "predictions.csv",
+    "beyond_edges.csv",
+    "stdlib_comparison.csv",
+)
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -52,7 +59,8 @@ def test_report_from_export_rebuilds_the_committed_folder_byte_identical(root, n
         shutil.copy(root / compared.path, tmp_path / compared.path)
     # all go but the inputs: the export, the README's hand-written part, a prediction written before the
     # runs (ablate.report.predict), which the report sets the measurement beside, and runs made outside
-    # the study that the hand-written part quotes (beyond_edges.csv: one lr past each edge of a grid)
+    # the study that the hand-written part quotes (beyond_edges.csv: one lr past each edge of a grid;
+    # stdlib_comparison.csv: the same budgets of the study on the stdlib corpus, from its folder's CSV)
     for generated in copy.iterdir():
         if generated.is_dir():
             shutil.rmtree(generated)
