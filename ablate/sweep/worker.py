@@ -125,7 +125,7 @@ def run_trial(
         }.items():
             trial.set_user_attr(key, value)
         _print_progress(ctx, study, run, workers, sampled)
-        callbacks: list[L.Callback] = [StopWhenTakenOver(heartbeat)]
+        callbacks: list[L.Callback] = []
         if ctx.search.pruner.get("name", "none") != "none":
             callbacks.append(PruningCallback(trial))
         if preemption.armed():
@@ -145,6 +145,7 @@ def run_trial(
             progress=ctx.progress,
             extra_tags=trial_tags,
             callbacks=callbacks,
+            every_run_callbacks=[StopWhenTakenOver(heartbeat)],  # a budget's cooldown branch too
             on_result=record_budget,
             folder_wait=ctx.grace_period,  # a worker that lost the trial stops at its next step
         )[0]

@@ -148,14 +148,17 @@ def train_budgets(
     progress: bool = True,
     extra_tags: dict[str, str] | None = None,
     callbacks: list[L.Callback] | None = None,
+    every_run_callbacks: list[L.Callback] | None = None,
     on_result: Any = None,
     folder_wait: float = 0.0,
 ) -> list[TrainResult]:
     """Train `run` to its largest budget, then each smaller budget's cooldown from its branch point.
 
-    Returns the results, longest first; `on_result(run, result)` is called as each one finishes (the sweep
-    records it in the trial at once). A run without budgets is just trained. `folder_wait`: how long to wait
-    for another process training a run folder to stop (train_run)."""
+        Returns the results, longest first; `on_result(run, result)` is called as each one finishes (the sweep
+        records it in the trial at once). A run without budgets is just trained. `callbacks` go to the longest
+    run only (a pruner reports its steps once); `every_run_callbacks` to every run, branches included (the
+    sweep's check that its trial was not handed to another worker). `folder_wait`: how long to wait
+        for another process training a run folder to stop (train_run)."""
     workspace = stores.workspace
     branches = run.branches()
     paths: dict[int, list[Path]] = {}
@@ -171,7 +174,11 @@ def train_budgets(
         parent_run_id=parent_run_id,
         progress=progress,
         extra_tags={**(extra_tags or {}), **(budget_tags(run) if branches else {}), **continued},
-        callbacks=[*(callbacks or []), *([BranchPoints(paths)] if branches else [])],
+        callbacks=[
+            *(callbacks or []),
+            *(every_run_callbacks or []),
+            *([BranchPoints(paths)] if branches else []),
+        ],
         folder_wait=folder_wait,
     )
     if branches:
@@ -198,6 +205,7 @@ def train_budgets(
                 "ablate.branched_from": longest.run_id,
                 "ablate.branch_step": str(branch.train.cooldown_start),
             },
+            callbacks=list(every_run_callbacks or []),
             folder_wait=folder_wait,
         )
         results.append(result)

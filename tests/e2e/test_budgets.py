@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import lightning.pytorch as L
 import pytest
 from mini_project import run_cli, sweep_argv, write_recipe
 
@@ -100,6 +101,41 @@ def test_a_budgets_branch_is_the_fresh_run_of_that_budget_bitwise(tmp_path):
     assert tags["ablate.budget_steps"] == "12" and tags["ablate.budget_tokens"] == str(12 * 256)
     trained = [m.step for m in client.get_metric_history(branch.run_id, "train/loss")]
     assert min(trained) == 11 and max(trained) == 12
+
+
+class StepsSeen(L.Callback):
+    """Per training it is given to, the global steps seen after its training batches."""
+
+    def __init__(self) -> None:
+        self.runs: list[list[int]] = []
+
+    def on_train_start(self, trainer: L.Trainer, *args: object) -> None:
+        self.runs.append([])
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        self.runs[-1].append(trainer.global_step)
+
+
+def test_every_run_callbacks_reach_the_cooldown_branches_and_callbacks_only_the_longest_run(tmp_path):
+    """The sweep's taken-over check goes to every run of a trial (`every_run_callbacks`), so a worker whose
+    trial was handed away stops in a branch's cooldown too; a pruner's callback sees the longest run only."""
+    recipe = write_recipe(
+        tmp_path, base__train__schedule="wsd", base__train__val_every=4, budgets={"steps": [8, 16]}
+    )
+    (run, _) = load_recipe(recipe).runs_for(variants=["diff"]) + [None]
+    longest_only, every_run = StepsSeen(), StepsSeen()
+    results = train_budgets(
+        run,
+        Stores(tmp_path / "ws"),
+        progress=False,
+        callbacks=[longest_only],
+        every_run_callbacks=[every_run],
+    )
+    assert [r.steps for r in results] == [16, 8]
+    cooldown_start = run.at_budget(8).train.cooldown_start  # the branch trains its cooldown only
+    assert [max(steps) for steps in longest_only.runs] == [16]
+    (longest, branch) = every_run.runs
+    assert max(longest) == 16 and max(branch) == 8 and min(branch) >= cooldown_start
 
 
 def test_a_killed_budgeted_sweep_resumes_without_retraining_a_finished_budget(tmp_path):
