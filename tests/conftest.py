@@ -19,7 +19,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 @pytest.fixture(scope="session", autouse=True)
 def _embedded_mlflow_stores_from_one_migration(tmp_path_factory: pytest.TempPathFactory):
     """A new embedded MLflow store (an empty SQLite file) opened in this process starts as a copy of one
-    that MLflow's own code created and migrated once this session, instead of running MLflow's ~60 schema
+    that MLflow's own code created and migrated once per test run, instead of running MLflow's ~60 schema
     migrations again (seconds each time; some hundred tests open a fresh store in-process). The copy is
     that database, byte for byte; everything after it is MLflow's. The real migration still runs here for
     that one store, in every `ablate` the tests start in a fresh interpreter, for every server store

@@ -29,6 +29,7 @@ from typing import Any
 
 from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table
+from ablate.report.checks import lr_sensitivity
 
 LR = "base.train.lr"
 THIS = "this study"
@@ -77,12 +78,13 @@ def own_choices(
         losses[(r.variant, r.size)][float(r.searched[LR])][r.seed] = r.values["valid"]
         kinds[(r.variant, r.size)].add(parametrization_of(r.params or {}))
     grid = sorted({float(r.searched[LR]) for r in records if LR in r.searched})
+    sensitivity = lr_sensitivity(runs, variant_order, size_order)  # the mean and best the grid's table shows
     out = []
     for key in _ordered(losses, variant_order, size_order):
         variant, size = key
         by_lr = losses[key]
-        mean = {lr: sum(v.values()) / len(v) for lr, v in by_lr.items()}
-        best = min(sorted(mean), key=mean.get)  # ties: the smallest lr, as lr_sensitivity's best
+        mean = {float(dict(point)[LR]): loss for point, loss in sensitivity.loss[(size, variant)].items()}
+        best = float(dict(sensitivity.best((size, variant)))[LR])
         seeds = sorted({s for v in by_lr.values() for s in v})
         seed_best = tuple(
             (s, min((lr for lr in by_lr if s in by_lr[lr]), key=lambda lr, s=s: by_lr[lr][s])) for s in seeds
