@@ -179,7 +179,8 @@ def test_dry_run_on_cpu_keeps_each_part_through_a_lease_cut(tmp_path):
         (part, "ok") for part in ("install", "a", "b", "install", "c", "t", "d")
     ], logs()
     # part t: the triton kernel (Triton's interpreter on CPU) against float64, then timed beside split V
-    assert {r["status"] for r in rows(out / "t_kernel.csv")} == {"pass"}
+    triton = importlib.util.find_spec("triton") is not None  # the `[triton]` extra; .ci/run installs it
+    assert {r["status"] for r in rows(out / "t_kernel.csv")} == ({"pass"} if triton else {"n/a"})
     assert {r["arm"] for r in rows(out / "t_bench.csv") if r["ms_fwd_bwd"]} == {
         "transformer_sdpa_flash", "diff_split_v_sdpa_flash", "diff_triton", "transformer_triton"
     }  # fmt: skip
