@@ -63,6 +63,9 @@ PRESENT = {
     "charset-normalizer", "markupsafe", "aiohttp", "frozenlist", "multidict", "propcache", "yarl",
     "sympy", "mpmath", "networkx", "jinja2", "filelock", "fsspec",
 }  # fmt: skip
+# torch's CUDA libraries (nvidia-cudnn-cu12 and the rest, near 2 GiB): the image has its own, matched to its
+# torch and driver; a resolver that picks a torch for the platform pins these beside it.
+PRESENT_PREFIXES = ("nvidia-", "cuda-")
 
 
 def canonical(name: str) -> str:
@@ -79,6 +82,12 @@ def resolve(pip: list[str]) -> list[dict]:
             check=True,
         )  # fmt: skip
         return json.loads(report.read_text())["install"]
+
+
+def in_image(name: str) -> bool:
+    """Whether the GPU image is trusted to have this distribution (PRESENT, PRESENT_PREFIXES)."""
+    name = canonical(name)
+    return name in PRESENT or name.startswith(PRESENT_PREFIXES)
 
 
 def required_by(items: list[dict]) -> dict[str, list[str]]:
@@ -103,7 +112,7 @@ def main() -> None:
     pip = [sys.executable, "-m", "pip"]
     items = resolve(pip)
     users = required_by(items)
-    carried = [i for i in items if canonical(i["metadata"]["name"]) not in PRESENT]
+    carried = [i for i in items if not in_image(i["metadata"]["name"])]
     args.out.mkdir(parents=True, exist_ok=True)
     for old in args.out.glob("*.whl"):
         old.unlink()
@@ -120,7 +129,7 @@ def main() -> None:
         total += size
         why = reasons.get(name) or "needed by " + ", ".join(sorted(set(users.get(name, ["?"]))))
         print(f"{wheel.name:<72} {size / 2**20:6.2f}  {why}")
-    skipped = sorted({canonical(i["metadata"]["name"]) for i in items} & PRESENT)
+    skipped = sorted({canonical(i["metadata"]["name"]) for i in items if in_image(i["metadata"]["name"])})
     print(f"left out, already in the GPU image: {', '.join(skipped)}")
     print(f"total: {len(specs)} wheels, {total / 2**20:.1f} MiB in {args.out} (limit {args.limit_mib:g} MiB)")
     if total > args.limit_mib * 2**20:
