@@ -224,3 +224,28 @@ def test_the_precheck_stops_in_one_line_without_wheels(tmp_path):
     )
     needed = {r["dist"]: r for r in check.versions()}
     assert needed["lightning"]["required"] == ">=2.6,<3" and needed["lightning"]["ok"] is True
+
+
+def test_lambdas_gradient_is_measured_against_its_sums_rounding_and_still_catches_a_wrong_sign():
+    """Part a's λ gradient is one cancelling sum: bf16 rounding of its terms passes where a relative error
+    of the value would not (grouped kv heads, whose dλ is small), and a flipped sign still fails."""
+    import torch
+
+    sys.path.insert(0, str(CHECK.parent))
+    try:
+        import kernels
+    finally:
+        sys.path.remove(str(CHECK.parent))
+    cpu = torch.device("cpu")
+    row = kernels.check_one("diff", "math", torch.bfloat16, 2, cpu, 256, 64, 4)
+    assert row["status"] == "pass", row
+    q, k, v, lam = kernels.inputs("diff", 256, 64, 4, 2, torch.float64, cpu)
+    wide = [t.detach() for t in (q, k, v)]
+    expected = kernels.reference("diff", *wide, lam)
+    grad_out = torch.randn(expected.shape, generator=torch.Generator().manual_seed(1)).double()
+    (want,) = torch.autograd.grad(expected, [lam], grad_out)
+    assert abs(want.item()) < 0.05 * grad_out.norm().item()  # the cancelling case
+    bf16_like = want * (1 + 2**-8)
+    assert kernels.lambda_grad_err(bf16_like, want, wide, grad_out) < 1e-4
+    flipped = kernels.lambda_grad_err(-want, want, wide, grad_out)
+    assert flipped > kernels.TOLERANCE[torch.bfloat16], flipped
