@@ -68,16 +68,24 @@ def _call(q, k, v, lam, block):
         raise UserError(f"attention_backend: triton runs on cuda (cpu: interpreted), not {q.device.type}")
     with torch.autocast(q.device.type, enabled=False):  # dtypes are chosen here, not by autocast
         k, v = k.to(q.dtype), v.to(q.dtype)
-        block = block or _block(q, v.shape[-1])
-        return torch.ops.ablate.triton_attention(q, k, v, lam, block, block)[0]
+        block_m, block_n = (block, block) if block else _blocks(q, v.shape[-1])
+        return torch.ops.ablate.triton_attention(q, k, v, lam, block_m, block_n)[0]
 
 
-def _block(q: torch.Tensor, v_width: int) -> int:
-    """Rows per tile: `BLOCK`, halved on CUDA where a query block's two float32 accumulators and its tiles
-    would outgrow the registers and shared memory (float32 inputs, or V wider than 128)."""
-    if q.device.type == "cuda" and (q.dtype == torch.float32 or v_width > 128):
-        return BLOCK // 2
-    return BLOCK
+def _blocks(q: torch.Tensor, v_width: int) -> tuple[int, int]:
+    """(query rows, key rows) per tile. `BLOCK` each, halved on CUDA where a query block's two float32
+    accumulators and its tiles would outgrow the registers and shared memory (float32 inputs, or V wider
+    than 128). Differential attention in 16-bit on CUDA takes query tiles twice as tall (2 x `BLOCK`
+    by `BLOCK`): on an H200, Diff's core at the `small` widths ran 1.38x faster at 2,048 tokens and 1.75x
+    at 8,192 than with 64 x 64, the best of 10 launch configurations timed there
+    (benchmarks/device/tune_triton.py; reports/gpu-h200/tune_triton.csv)."""
+    if q.device.type != "cuda":
+        return BLOCK, BLOCK
+    if q.dtype == torch.float32 or v_width > 128:
+        return BLOCK // 2, BLOCK // 2
+    if q.shape[1] == 2:
+        return 2 * BLOCK, BLOCK
+    return BLOCK, BLOCK
 
 
 def _pow2(n: int) -> int:

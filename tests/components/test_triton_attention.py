@@ -94,11 +94,25 @@ CASES = [  # batch, heads, kv heads, sequence, sub-head width
 @pytest.mark.parametrize("dtype", list(TOLERANCE), ids=lambda t: str(t).removeprefix("torch."))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}h{}kv{}n{}d{}".format(*c))
 def test_diff_kernel_against_float64(case, dtype):
+    check_diff_kernel(case, dtype, BLOCK, BLOCK)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16], ids=lambda t: str(t).removeprefix("torch.")
+)
+@pytest.mark.parametrize("block_m, block_n", [(32, 16), (16, 32)])
+def test_diff_kernel_with_unequal_tiles(block_m, block_n, dtype):
+    """Query tiles taller than key tiles (the CUDA default for Diff in 16-bit: triton_op._blocks) and
+    shorter: the causal bounds of each kernel's loop meet the other tile's edges inside a tile."""
+    check_diff_kernel((1, 4, 2, 50, 32), dtype, block_m, block_n)
+
+
+def check_diff_kernel(case, dtype, block_m: int, block_n: int) -> None:
     batch, heads, kv_heads, n, d = case
     gen = torch.Generator().manual_seed(sum(case))
     leaves, (q, k, v) = projected(batch, heads, kv_heads, n, d, dtype, gen)
     lam = torch.tensor(0.63, requires_grad=True)
-    out, o2, lse = torch.ops.ablate.triton_attention(q, k, v, lam, BLOCK, BLOCK)
+    out, o2, lse = torch.ops.ablate.triton_attention(q, k, v, lam, block_m, block_n)
     grad = torch.randn(out.shape, generator=gen).to(dtype)
     out.backward(grad)
 
