@@ -1,7 +1,7 @@
 """The device check: one prepared run that proves the GPU path on a machine available for minutes.
 
-    python benchmarks/device/check.py --out DIR [--device cuda|cuda:N|cpu] [--dry] [--budget-s 480] [--parts ...]
-    python benchmarks/device/check.py --plan [--budget-s 480] [--parts ...]   # the plan only, nothing run
+    python benchmarks/device/check.py --out DIR [--device cuda|cuda:N|cpu] [--dry] [--budget-s 500] [--parts ...]
+    python benchmarks/device/check.py --plan [--budget-s 500] [--parts ...]   # the plan only, nothing run
 
 Before anything starts it checks, in one line each, that what the image lacks can be installed (the
 wheels `benchmarks/device/wheels.py` fetched, pip) and records the versions the image has against what
@@ -77,8 +77,8 @@ PARTS = {
               "88 checks of 2 kinds x 11 backends x 2 dtypes x 2 kv-head counts; 2 x 8 timings"),
     "b": Part("`ablate bench`, `small`, seq 1024-4096", "runs:bench", 40, False,
               "2 variants x 3 lengths x 3 rounds of 16,384 tokens"),
-    "c": Part("`ablate train`, `small`, bf16-mixed", "runs:train", 110, True,
-              "2 variants x 150 steps of 32,768 tokens"),
+    "c": Part("`ablate train`, `small`, bf16-mixed", "runs:train", 130, True,
+              "2 variants x 100 steps of 32,768 tokens"),
     "e": Part("`ablate train`, `small`, `train.compile: true`", "runs:compiled", 80, True,
               "Diff: 1 cold compile (train and eval graphs), 40 steps"),
     "t": Part("the fused Triton differential attention (backend `triton`)", "diff_kernel:main", 80, False,
@@ -289,7 +289,7 @@ def main() -> None:
     parser.add_argument("--plan", action="store_true", help="print the plan of the run and stop")
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
     parser.add_argument("--dry", action="store_true", help="tiny sizes (a CPU runs it in about a minute)")
-    parser.add_argument("--budget-s", type=float, default=480.0, help="seconds for everything")
+    parser.add_argument("--budget-s", type=float, default=500.0, help="seconds for everything")
     parser.add_argument("--wheels", type=Path, default=HERE / "wheels")
     parser.add_argument(
         "--workspace", type=Path, default=None, help="stores and checkpoints (default: a temporary folder)"

@@ -115,8 +115,8 @@ def write_recipe(path: Path, *, dry: bool, device: str, corpus: Path | None = No
     train_small = {
         "model": small["model"],
         "data": small["data"],
-        "train": {**small["train"], "steps": 150, "batch_tokens": 32768, "warmup_steps": 15,
-                  "val_every": 150, "val_batches": 8, "log_every": 10, "precision": "bf16-mixed"},
+        "train": {**small["train"], "steps": 100, "batch_tokens": 32768, "warmup_steps": 10,
+                  "val_every": 100, "val_batches": 8, "log_every": 10, "precision": "bf16-mixed"},
     }  # fmt: skip
     budgets = {
         **{k: v for k, v in tokens.items() if k not in ("variants", "purpose")},

@@ -26,8 +26,8 @@ MEANINGS = """\
 - `b_bench/`: `ablate bench` (its `bench.md` explains every column): training tokens/s (forward,
   backward, AdamW), peak memory above the weights and optimizer state, and `mfu` against the card's matmul
   peak measured in the same run (bf16 square GEMMs: an H100's reach about 600-700 of its 989 spec
-  TFLOP/s); `mfu_spec` in the table above is the same FLOPs against the card's dense bf16 spec peak
-  (`SPEC_TFLOPS`), the figure papers usually quote.
+  TFLOP/s); `mfu_spec` in the table above (`b_bench/mfu_spec.csv`) is the same FLOPs against the card's
+  dense bf16 spec peak (`SPEC_TFLOPS`), the figure papers usually quote.
 - `c_train.csv`, `e_compile.csv`: the training curves of parts c and e as MLflow logged them: train/loss
   every 10 steps, val/loss at the end (on as many of 8 batches as the validation split holds, part e on
   2), tokens/s of the interval without the time spent compiling, and `compile_s`, the seconds spent in
@@ -50,6 +50,13 @@ def read_csv(path: Path) -> list[dict]:
         return []
     with path.open() as f:
         return list(csv.DictReader(f))
+
+
+def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def table(rows: list[dict], columns: list[str]) -> list[str]:
@@ -144,6 +151,8 @@ def write_readme(out: Path, args, argv: list[str]) -> None:
     card = info.get("name", args.device)
     parts = read_csv(out / "parts.csv")
     bench = bench_rows(out, card)
+    if bench:  # the table below quotes mfu_spec: it is kept in a CSV beside bench.csv
+        write_csv(out / "b_bench" / "mfu_spec.csv", bench, ["variant", "seq_len", "mfu", "mfu_spec"])
     ran = {row["part"] for row in parts}
 
     def section(part: str, lines: list[str]) -> list[str]:
@@ -152,8 +161,8 @@ def write_readme(out: Path, args, argv: list[str]) -> None:
     lines = [
         f"# Device check: {card}",
         "",
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch {info.get('torch', '?')}, CUDA "
-        f"{info.get('cuda') or '-'}; device `{args.device}`{' (dry run: tiny sizes)' if args.dry else ''}.",
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch `{info.get('torch', '?')}`, CUDA "
+        f"`{info.get('cuda') or '-'}`; device `{args.device}`{' (dry run: tiny sizes)' if args.dry else ''}.",
         "",
         "```",
         "python benchmarks/device/wheels.py      # beforehand, on a machine with a package index",
