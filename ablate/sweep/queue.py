@@ -107,6 +107,42 @@ def fail_and_requeue(study: Any, storage: Any, frozen: Any, reason: str) -> bool
     return True
 
 
+def hand_back(study: Any, storage: Any, frozen: Any, reason: str) -> None:
+    """The worker of a RUNNING trial gives it up (a warning signal, Ctrl-C, a bug): its retry is enqueued
+    before the trial is failed, so no other worker ever sees the plan neither waiting nor running (and
+    exits, or loses it to a kill between the two steps). Only the trial's own worker calls this; another
+    worker that finds the trial stale takes `fail_and_requeue`'s atomic step instead."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    study.enqueue_trial(
+        dict(frozen.params),
+        user_attrs={"plan": frozen.user_attrs.get("plan"), "retry_of": frozen.number},
+        skip_if_exists=False,
+    )
+    try:
+        tid = trial_id(study, storage, frozen.number)
+        storage.set_trial_user_attr(tid, "failure_reason", reason)
+        storage.set_trial_state_values(tid, state=TrialState.FAIL)
+    except UpdateFinishedTrialError:  # failed as stale by another worker, which enqueued a retry too
+        withdraw_one_retry(study, storage, frozen.number)
+
+
+def withdraw_one_retry(study: Any, storage: Any, number: int) -> None:
+    """Of two retries enqueued for trial `number`, take one still waiting out of the queue (claimed, then
+    failed as a duplicate), so the plan trains once."""
+    from optuna.trial import TrialState
+
+    for waiting in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if waiting.user_attrs.get("retry_of") != number:
+            continue
+        tid = trial_id(study, storage, waiting.number)
+        if storage.set_trial_state_values(tid, state=TrialState.RUNNING):
+            storage.set_trial_user_attr(tid, "failure_reason", f"a second retry of trial {number}")
+            storage.set_trial_state_values(tid, state=TrialState.FAIL)
+            return
+
+
 def recover_stale(study: Any, storage: Any, grace_period: float) -> int:
     from optuna.trial import TrialState
 

@@ -24,7 +24,7 @@ from ablate.sweep.queue import (
     Heartbeat,
     TrialTakenOver,
     claim_waiting,
-    fail_and_requeue,
+    hand_back,
     recover_stale,
 )
 
@@ -170,7 +170,7 @@ def run_trial(
         reason = (
             f"preempted: {e}" if isinstance(e, preemption.Preempted) else f"interrupted: {type(e).__name__}"
         )
-        fail_and_requeue(study, storage, study.get_trials(deepcopy=False)[trial.number], reason)
+        hand_back(study, storage, study.get_trials(deepcopy=False)[trial.number], reason)
         raise
     if after_trial is not None:
         after_trial(run, result.run_id)
