@@ -2,7 +2,8 @@
 
 One thread for torch, here and in every `ablate` the tests start (OMP_NUM_THREADS, set before anything
 imports torch, unless the caller set it): the suite's models are tiny, and on a busy 2-core machine
-OpenMP's spinning threads made a mini model's backward 14-30x slower than one thread.
+OpenMP's spinning threads made a mini model's backward 14-30x slower than one thread. The cores are used
+by pytest-xdist instead (pyproject's addopts: one test process per core, up to 4).
 """
 
 from __future__ import annotations
@@ -14,6 +15,15 @@ import sqlite3
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The scaleout tests (a PostgreSQL server, a Slurm cluster, several workers each) run one after
+    another on one pytest-xdist worker (`--dist loadgroup`): each starts several processes of its own, and
+    the session fixtures that start the servers then start once."""
+    for item in items:
+        if item.get_closest_marker("scaleout"):
+            item.add_marker(pytest.mark.xdist_group("scaleout"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -172,8 +172,10 @@ def test_hand_written_text_under_any_heading_level_is_kept(tmp_path):
 # --- written as a whole: killed at random points --------------------------------------------------------
 @pytest.mark.slow
 def test_a_report_killed_while_it_writes_leaves_the_old_folder_or_the_new_one(tmp_path):
-    """20 times: `ablate report --from` is killed (SIGKILL) at a random point of its run; the folder is
-    then byte for byte the old one or the new one. The old folder differs from the new one in a file the
+    """10 times: `ablate report --from` is killed (SIGKILL) at a random point of the later half of its run
+    (the first half is the interpreter's start and the export's reading: the writing folder appeared at
+    48% and 53% of two runs on a busy 2-core AMD EPYC, before which nothing is written); the
+    folder is then byte for byte the old one or the new one. The old folder differs from the new one in a file the
     report rewrites (table.md) and keeps a person's notes, so a half-written folder shows."""
     folder = _copy(tmp_path)
     (folder / "table.md").write_text("an older table\n")
@@ -191,7 +193,7 @@ def test_a_report_killed_while_it_writes_leaves_the_old_folder_or_the_new_one(tm
     rng = random.Random(0)
     outcomes = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    for _ in range(20):
+    for _ in range(10):
         shutil.rmtree(tmp_path / "reports")
         shutil.copytree(pristine / "reports", tmp_path / "reports", symlinks=True)
         child = subprocess.Popen(
@@ -201,7 +203,7 @@ def test_a_report_killed_while_it_writes_leaves_the_old_folder_or_the_new_one(tm
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        time.sleep(rng.uniform(0.3, 1.05) * full)
+        time.sleep(rng.uniform(0.5, 1.05) * full)
         child.send_signal(signal.SIGKILL)
         child.wait()
         now = _tree(folder)
