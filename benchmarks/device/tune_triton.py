@@ -3,8 +3,7 @@ check: a short run beside it, from which `components/attention/triton_op.py`'s t
 
 For each (BLOCK_M, BLOCK_N, num_warps, num_stages) in CONFIGS: median ms of one forward + backward of
 Diff's attention core at the `small` widths (6 heads of 2 x 64, V 128 wide) in bf16, 16,384 tokens at
-each sequence in SEQS, beside the Transformer on SDPA's flash kernel (the part t baseline) and the
-configuration the backend launches today. A configuration the card cannot launch (registers, shared
+each sequence in `--seqs`, beside the Transformer on SDPA's flash kernel (the part t baseline). A configuration the card cannot launch (registers, shared
 memory) is a row with its error. Rows are written as each ends (`tune_triton.csv` in `--out`).
 
     python benchmarks/device/tune_triton.py --out DIR [--seqs 2048 8192]
@@ -23,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from ablate.hardware.device import device_ops, median_ms  # noqa: E402
 from components.attention import backends, triton_op  # noqa: E402
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages); the first is what triton_op launches for this shape today
+# (BLOCK_M, BLOCK_N, num_warps, num_stages): the first was triton_op's launch for this shape before an
+# H200 timed these (reports/gpu-h200/tune_triton.csv); the fifth is its launch since
 CONFIGS = [
     (64, 64, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3),
     (64, 32, 4, 2), (128, 32, 8, 2), (32, 64, 4, 2), (128, 128, 8, 2),
