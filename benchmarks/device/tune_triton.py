@@ -3,8 +3,8 @@ check: a short run beside it, from which `components/attention/triton_op.py`'s t
 
 For each (BLOCK_M, BLOCK_N, num_warps, num_stages) in CONFIGS: median ms of one forward + backward of
 Diff's attention core at the `small` widths (6 heads of 2 x 64, V 128 wide) in bf16, 16,384 tokens at
-each sequence in `--seqs`, beside the Transformer on SDPA's flash kernel (the part t baseline). A configuration the card cannot launch (registers, shared
-memory) is a row with its error. Rows are written as each ends (`tune_triton.csv` in `--out`).
+each sequence in `--seqs`, beside the Transformer on SDPA's flash kernel (the part t baseline). A
+configuration the card cannot launch (registers, shared memory) is a row with its error. Rows are written as each ends (`tune_triton.csv` in `--out`).
 
     python benchmarks/device/tune_triton.py --out DIR [--seqs 2048 8192]
 """
