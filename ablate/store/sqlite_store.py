@@ -55,15 +55,26 @@ def schema_version(path: Path) -> str | None:
         "(the runs' checkpoints and results in the workspace's runs/ folder stay)"
     )
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if not tables:
-                return None
-            if "alembic_version" not in tables:
-                raise UserError(f"--tracking-uri: {path} is an SQLite database but not MLflow's; {damaged}")
-            row = db.execute("SELECT version_num FROM alembic_version").fetchone()
+        try:
+            return _read_version(path, "ro", damaged)
+        except sqlite3.OperationalError as e:
+            if getattr(e, "sqlite_errorname", "") != "SQLITE_READONLY_ROLLBACK":
+                raise
+            # A writer was killed inside a transaction (a sweep's SIGKILL): its hot journal must be rolled
+            # back before the file can be read, which SQLite does on the first read-write open.
+            return _read_version(path, "rw", damaged)
     except sqlite3.DatabaseError as e:
         raise UserError(f"--tracking-uri: {path} is not an SQLite database ({e}); {damaged}") from None
+
+
+def _read_version(path: Path, mode: str, damaged: str) -> str | None:
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode={mode}", uri=True)) as db:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables:
+            return None
+        if "alembic_version" not in tables:
+            raise UserError(f"--tracking-uri: {path} is an SQLite database but not MLflow's; {damaged}")
+        row = db.execute("SELECT version_num FROM alembic_version").fetchone()
     return row[0] if row else None
 
 

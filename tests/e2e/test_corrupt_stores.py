@@ -109,6 +109,43 @@ def test_a_newer_mlflow_store_is_one_line_and_left_alone(tmp_path, capsys):
     assert db.read_bytes() == before and sorted(p.name for p in workspace.iterdir()) == ["mlflow.db"]
 
 
+def test_a_store_whose_writer_was_killed_mid_transaction_opens(tmp_path, capsys):
+    """A sweep killed (SIGKILL) while MLflow wrote leaves a hot journal beside mlflow.db, which a read-only
+    open cannot roll back: the store is SQLite's to recover, not damaged, and the next command uses it."""
+    import signal
+    import sys
+    import textwrap
+
+    recipe = write_recipe(tmp_path)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    db = workspace / "mlflow.db"
+    Stores(workspace).client().search_experiments()  # a store at this MLflow's schema
+    writer = textwrap.dedent(f"""
+        import sqlite3, time
+        db = sqlite3.connect({str(db)!r}, isolation_level=None)
+        db.execute("PRAGMA cache_size = 1")  # pages spill into the file before the commit
+        db.execute("CREATE TABLE IF NOT EXISTS scratch (x BLOB)")
+        db.execute("BEGIN")
+        for _ in range(300):
+            db.execute("INSERT INTO scratch VALUES (randomblob(4096))")
+        print("inside", flush=True)
+        time.sleep(600)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "inside"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):  # what the store's check met before
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            con.execute("SELECT name FROM sqlite_master").fetchall()
+    sqlite_store._CHECKED.clear()
+    assert sqlite_store.schema_version(db) == sqlite_store.head_revision()
+    assert not Path(f"{db}-journal").exists() or Path(f"{db}-journal").stat().st_size == 0
+    capsys.readouterr()
+    assert _train(recipe, workspace) == 0, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("form", ["folder", "file://"])
 def test_a_folder_as_tracking_uri_is_one_line(tmp_path, capsys, form):
     recipe = write_recipe(tmp_path)
