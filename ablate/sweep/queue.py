@@ -99,12 +99,17 @@ def fail_and_requeue(study: Any, storage: Any, frozen: Any, reason: str) -> bool
             return False
     except UpdateFinishedTrialError:
         return False
+    enqueue_retry(study, frozen)
+    return True
+
+
+def enqueue_retry(study: Any, frozen: Any) -> None:
+    """A WAITING trial with `frozen`'s parameters and plan, marked as its retry."""
     study.enqueue_trial(
         dict(frozen.params),
         user_attrs={"plan": frozen.user_attrs.get("plan"), "retry_of": frozen.number},
         skip_if_exists=False,
     )
-    return True
 
 
 def hand_back(study: Any, storage: Any, frozen: Any, reason: str) -> None:
@@ -115,11 +120,7 @@ def hand_back(study: Any, storage: Any, frozen: Any, reason: str) -> None:
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
-    study.enqueue_trial(
-        dict(frozen.params),
-        user_attrs={"plan": frozen.user_attrs.get("plan"), "retry_of": frozen.number},
-        skip_if_exists=False,
-    )
+    enqueue_retry(study, frozen)
     try:
         tid = trial_id(study, storage, frozen.number)
         storage.set_trial_user_attr(tid, "failure_reason", reason)

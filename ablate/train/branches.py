@@ -154,11 +154,11 @@ def train_budgets(
 ) -> list[TrainResult]:
     """Train `run` to its largest budget, then each smaller budget's cooldown from its branch point.
 
-        Returns the results, longest first; `on_result(run, result)` is called as each one finishes (the sweep
-        records it in the trial at once). A run without budgets is just trained. `callbacks` go to the longest
+    Returns the results, longest first; `on_result(run, result)` is called as each one finishes (the sweep
+    records it in the trial at once). A run without budgets is just trained. `callbacks` go to the longest
     run only (a pruner reports its steps once); `every_run_callbacks` to every run, branches included (the
-    sweep's check that its trial was not handed to another worker). `folder_wait`: how long to wait
-        for another process training a run folder to stop (train_run)."""
+    sweep's check that its trial was not handed to another worker). `folder_wait`: how long to wait for
+    another process training a run folder to stop (train_run)."""
     workspace = stores.workspace
     branches = run.branches()
     paths: dict[int, list[Path]] = {}

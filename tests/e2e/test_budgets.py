@@ -81,7 +81,7 @@ def test_a_budgets_branch_is_the_fresh_run_of_that_budget_bitwise(tmp_path):
         base__train__warmup_steps=3,
         budgets={"steps": [12, 24]},
     )
-    (run, _) = load_recipe(recipe).runs_for(variants=["diff"]) + [None]
+    (run,) = load_recipe(recipe).runs_for(variants=["diff"])
     results = train_budgets(run, Stores(tmp_path / "branched"), progress=False)
     assert [r.steps for r in results] == [24, 12]
     branch = results[1]
@@ -122,7 +122,7 @@ def test_every_run_callbacks_reach_the_cooldown_branches_and_callbacks_only_the_
     recipe = write_recipe(
         tmp_path, base__train__schedule="wsd", base__train__val_every=4, budgets={"steps": [8, 16]}
     )
-    (run, _) = load_recipe(recipe).runs_for(variants=["diff"]) + [None]
+    (run,) = load_recipe(recipe).runs_for(variants=["diff"])
     longest_only, every_run = StepsSeen(), StepsSeen()
     results = train_budgets(
         run,
