@@ -19,8 +19,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from diff_kernel import core  # noqa: E402  benchmarks/device/diff_kernel.py (part t)
+
 from ablate.hardware.device import device_ops, median_ms  # noqa: E402
-from components.attention import backends, triton_op  # noqa: E402
+from components.attention import triton_op  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages): the first was triton_op's launch for this shape before an
 # H200 timed these (reports/gpu-h200/tune_triton.csv); the fifth is its launch since
@@ -36,15 +38,6 @@ def leaves(batch: int, n: int, device, gen):
         return torch.randn(*shape, generator=gen).to(device=device, dtype=torch.bfloat16).requires_grad_()
 
     return leaf(batch, 2, HEADS, n, WIDTH), leaf(batch, 2, HEADS, n, WIDTH), leaf(batch, HEADS, n, 2 * WIDTH)
-
-
-def baseline_ms(ops, batch: int, n: int, device, gen, rounds: int) -> float:
-    """The Transformer's core on SDPA's flash kernel, as part t times it."""
-    q, k, v = (
-        torch.randn(batch, 2 * HEADS, n, WIDTH, generator=gen).to(device, torch.bfloat16).requires_grad_()
-        for _ in range(3)
-    )
-    return median_ms(ops, lambda: backends.attend(q, k, v, backend="sdpa_flash").sum().backward(), rounds)
 
 
 def config_ms(ops, q, k, v, lam, config: tuple[int, int, int, int], rounds: int) -> float:
@@ -85,7 +78,8 @@ def main() -> None:
         for n in args.seqs:
             batch = max(1, args.tokens // n)
             gen = torch.Generator().manual_seed(0)
-            base = baseline_ms(ops, batch, n, device, gen, rounds)
+            transformer = core("softmax", "sdpa_flash", batch, n, WIDTH, HEADS, torch.bfloat16, device)
+            base = median_ms(ops, transformer, rounds)  # part t's baseline, its code
             writer.writerow({"seq": n, "batch": batch, "arm": "transformer_sdpa_flash", "ms_fwd_bwd": round(base, 3),
                              "ratio": 1.0})  # fmt: skip
             q, k, v = leaves(batch, n, device, gen)
