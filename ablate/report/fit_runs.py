@@ -171,6 +171,7 @@ def _write_grid(ctx, study, client, runs, fitted, reference, into: Path, setting
         precision=precisions(fitted),
         machines=[r.tags.get("ablate.machine", "") for r in fitted],
         data=data_note(runs),
+        compare_with=settings.get("compare_with"),
     )
     if not ctx.stores.from_export:
         write_export(client, study, {**export_settings(ctx), "fit": settings}, into)

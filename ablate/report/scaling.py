@@ -19,7 +19,8 @@ fitted to the family's budgets ("fitted"). A point counts as converged below a 1
 Files: README.md (commands, machine, wall-clock, the cost against training each budget separately, the
 panels, the ratios beside the paper's), fits.csv, ratios.csv, points.csv, grid.csv (sizes, budgets, seeds,
 time, cost, convergence counts), and the fits' own
-fit.json / fit.md / plots. Every number README.md quotes is in one of the CSVs.
+fit.json / fit.md / plots; with an earlier grid to compare with, compared_ratios.csv and compared_gaps.csv
+and a README section (ablate.report.grid_compare). Every number README.md quotes is in one of the CSVs.
 """
 
 from __future__ import annotations
@@ -380,12 +381,14 @@ def write_grid_report(
     precision: str = "not recorded",
     machines: list[str] | None = None,
     data: str = "",
+    compare_with: str | None = None,
 ) -> tuple[list[Path], dict[str, FitReport], dict[str, dict[str, Any]]]:
     """Fit the grid and write the folder (module doc); returns the files, the fits and each run's
     convergence. `ctx`: the sweep (its recipe's name and path, its scale); `spans`: the study's completed
     trials' (start, end); `seconds`: each run's training seconds; `precision`: what the runs trained in;
     `machines`: each run's `ablate.machine` tag ("" where it has none); `data`: the passes over the
-    training data, a sentence."""
+    training data, a sentence; `compare_with`: an earlier grid fit's folder to set beside this one
+    (ablate.report.grid_compare)."""
     fits, where = grid_fits(runs, reference, n_boot, seed)
     conv = convergence(runs)
     for name, report in fits.items():
@@ -396,6 +399,19 @@ def write_grid_report(
         "points": point_rows(runs, conv, seconds),
         "grid": [grid_row(spans, runs, seconds, conv)],
     }
+    compared = ""
+    if compare_with:
+        from ablate.report import grid_compare
+
+        other = grid_compare.read_grid_folder(compare_with)
+        arch = next(a for a in fits["joint"].archs if a != reference)
+        rows["compared_ratios"] = grid_compare.compared_ratios(rows["ratios"], other["ratios.csv"])
+        rows["compared_gaps"] = grid_compare.compared_gaps(
+            rows["points"], other["points.csv"], arch, reference
+        )
+        compared = grid_compare.comparison_section(
+            compare_with, rows["compared_ratios"], rows["compared_gaps"]
+        )
     folder.mkdir(parents=True, exist_ok=True)
     splits = {r.split_tokens for r in runs if math.isfinite(getattr(r, "split_tokens", math.nan))}
     split = splits.pop() if len(splits) == 1 else math.nan  # the passes axis of the plots over tokens
@@ -408,7 +424,7 @@ def write_grid_report(
     readme = folder / "README.md"  # what a person wrote below the generated part is kept (hand_written)
     generated = grid_readme(
         ctx, fits, where, rows, params_word, precision, machine_line(machines or [""]), data
-    )
+    ) + (f"\n{compared}\n" if compared else "")
     kept = hand_written(readme.read_text(), generated) if readme.exists() else ""
     readme.write_text(generated + (f"\n{kept}" if kept else ""))
     return [readme, *written], fits, conv

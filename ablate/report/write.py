@@ -207,16 +207,16 @@ def exported_recipe(settings: dict[str, Any]) -> Any:
 def export_settings(ctx: SweepContext) -> dict[str, Any]:
     """What `ablate report --from` needs besides the runs to write this report again (ablate.store.export)."""
     return {
-        "recipe": _inside_checkout(ctx.recipe.path),
+        "recipe": inside_checkout(ctx.recipe.path),
         "scale": ctx.scale,
         "seeds": list(ctx.seeds),
-        "search": ctx.search_path and _inside_checkout(ctx.search_path),
+        "search": ctx.search_path and inside_checkout(ctx.search_path),
         "grace_period": ctx.grace_period,
         "overrides": [[f"base.{key}", value] for key, value in ctx.recipe.base_overrides],
     }
 
 
-def _inside_checkout(path: Any) -> str:
+def inside_checkout(path: Any) -> str:
     """A recipe's (search spec's) path as an export keeps it: relative to the current folder when inside it
     (`ablate report --from` takes no other: ablate.store.export.check_settings)."""
     path = Path(path)

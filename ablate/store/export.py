@@ -174,6 +174,15 @@ def _parquet(path: Path, read: Any) -> Any:
         raise UserError(f"--from: {path} cannot be read ({str(e).splitlines()[0]}); {RESTORE}") from None
 
 
+def _relative_inside(value: Any) -> bool:
+    return (
+        isinstance(value, str)
+        and bool(value)
+        and not Path(value).is_absolute()
+        and ".." not in Path(value).parts
+    )
+
+
 def check_settings(settings: Any, where: Path) -> None:
     """An export is data, never code: `--from` takes from it only the recipe path (relative, inside this
     checkout) and the search spec's, the scale, the seeds, and `base.*` overrides of plain values (a
@@ -189,7 +198,7 @@ def check_settings(settings: Any, where: Path) -> None:
         value = settings.get(key)
         if value is None and key == "search":
             continue
-        if not isinstance(value, str) or not value or Path(value).is_absolute() or ".." in Path(value).parts:
+        if not _relative_inside(value):
             raise bad(key, f"is {value!r}, not a relative path inside this checkout (no '..')")
     if not isinstance(settings.get("scale"), str | None):
         raise bad("scale", f"is {settings.get('scale')!r}, not a name")
@@ -201,6 +210,9 @@ def check_settings(settings: Any, where: Path) -> None:
     fit = settings.get("fit", {})
     if not isinstance(fit, dict) or not all(_plain(v) and not isinstance(v, list) for v in fit.values()):
         raise bad("fit", f"is {fit!r}, not a mapping of plain values")
+    compared = fit.get("compare_with")
+    if compared is not None and not _relative_inside(compared):
+        raise bad("fit.compare_with", f"is {compared!r}, not a relative path inside this checkout (no '..')")
     overrides = settings.get("overrides", [])
     if not isinstance(overrides, list):
         raise bad("overrides", f"is {overrides!r}, not a list")

@@ -25,6 +25,7 @@ def fit(
     out: str | None = None,
     bootstrap: int = 1000,
     params_count: Literal["non_embedding", "total"] = "non_embedding",
+    compare_with: str | None = None,
     *,
     overrides: list | None = None,
     **options: Any,
@@ -41,18 +42,22 @@ def fit(
         out: output folder (default reports/<recipe>[-<scale>])
         bootstrap: bootstrap resamples over runs
         params_count: which parameter count N is (non_embedding: Kaplan et al.)
+        compare_with: an earlier grid fit's folder to set this grid's ratios and gaps beside, e.g.
+            reports/scaling-cpu/ (grid fits only; ablate.report.grid_compare)
     """
     if from_:
-        if recipe or csv or overrides:
+        if recipe or csv or overrides or compare_with:
             raise UserError(
-                "ablate fit --from: the export names its recipe; give no recipe, --csv or overrides"
+                "ablate fit --from: the export names its recipe; give no recipe, --csv, --compare-with or overrides"
             )
         written = rebuild_fit(Path(from_))
     elif csv:
         from ablate.report.fit import run_fit_csv
 
-        if recipe:
-            raise UserError("ablate fit: give a recipe or --csv FILE, not both")
+        if recipe or compare_with:
+            raise UserError(
+                "ablate fit: give a recipe or --csv FILE, not both; --compare-with needs a recipe"
+            )
         if bootstrap < 1:
             raise UserError(f"--bootstrap: expected a positive number, got {bootstrap}")
         written = run_fit_csv(csv, form or "size", out or "reports/fit", n_boot=bootstrap)
@@ -69,6 +74,7 @@ def fit(
             out=Path(out) if out else None,
             n_boot=bootstrap,
             params_count=params_count,
+            compare_with=compare_with,
         )
     for path in written:
         print(path)
@@ -85,9 +91,10 @@ def run_fit_recipe(
     n_boot: int = 1000,
     params_count: str = "non_embedding",
     seed: int = 0,
+    compare_with: str | None = None,
 ) -> list[Path]:
     """Fit the finished runs of `recipe`'s sweep at `scale`; returns the files written (the forms, the
-    files and fit.json's keys: ablate.report.fit_runs)."""
+    files and fit.json's keys: ablate.report.fit_runs); `compare_with`: ablate.report.grid_compare."""
     from ablate.report.fit_runs import FORMS, PARAMS_TAGS, finished_runs_of, fit_grid, fit_source
     from ablate.report.scaling import is_grid
     from ablate.report.table import collect
@@ -99,6 +106,10 @@ def run_fit_recipe(
         raise UserError(f"--form: {form!r} is not one of {', '.join(FORMS)}")
     if n_boot < 0:
         raise UserError(f"--bootstrap: expected a number >= 0, got {n_boot}")
+    if compare_with is not None:
+        from ablate.report.grid_compare import checked_folder
+
+        compare_with = checked_folder(compare_with, form)
     ctx, study, client = finished_sweep(recipe, scale, stores, "fit")
     budgeted = recipe.budgets(scale) is not None  # every budget a run of its own (ablate.train.branches)
     records = collect(ctx, study, with_curves=True, budgets=budgeted)
@@ -113,7 +124,10 @@ def run_fit_recipe(
     if form in (None, "grid") and is_grid(runs, budgeted):
         reference = "transformer" if "transformer" in archs else archs[0]
         settings = {"form": "grid", "bootstrap": n_boot, "seed": seed, "params_count": params_count}
+        settings |= {"compare_with": compare_with} if compare_with else {}  # for `ablate fit --from`
         return fit_grid(ctx, study, client, runs, records, reference, out, settings)
+    if compare_with is not None:
+        raise UserError(f"--compare-with: compares two grid fits; {recipe.name} at scale {scale} is not one")
     form = form or ("size" if len(sizes) > 1 else "tokens")
     if form == "tokens" and len(sizes) > 1:
         raise UserError(
@@ -231,4 +245,5 @@ def rebuild_fit(folder: Path) -> list[Path]:
         n_boot=fit["bootstrap"],
         params_count=fit["params_count"],
         seed=fit["seed"],
+        compare_with=fit.get("compare_with"),
     )

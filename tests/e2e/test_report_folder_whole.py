@@ -89,8 +89,16 @@ def _report_in_a_fresh_interpreter(tmp_path: Path) -> subprocess.CompletedProces
         ),
         (lambda m: m["report"].update(recipe="/etc/mini.yaml"), "relative path"),
         (lambda m: m["report"].update(recipe="../mini.yaml"), "relative path"),
+        (lambda m: m["report"].update(fit={"form": "grid", "compare_with": "/etc"}), "fit.compare_with"),
     ],
-    ids=["key-outside-base", "class-path-value", "class-path-key", "absolute-recipe", "dotdot-recipe"],
+    ids=[
+        "key-outside-base",
+        "class-path-value",
+        "class-path-key",
+        "absolute-recipe",
+        "dotdot-recipe",
+        "absolute-compared-grid",
+    ],
 )
 def test_report_from_an_export_that_would_run_code_is_one_line(tmp_path, edit, fragment):
     folder = _copy(tmp_path)

@@ -57,6 +57,9 @@ def test_report_from_export_rebuilds_the_committed_folder_byte_identical(root, n
     if compared and not (tmp_path / compared.path).exists():
         (tmp_path / compared.path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(root / compared.path, tmp_path / compared.path)
+    grid = read_meta(committed)["report"].get("fit", {}).get("compare_with")  # an earlier grid fit's folder
+    if grid and not (tmp_path / grid).exists():
+        shutil.copytree(root / grid, tmp_path / grid)
     # all go but the inputs: the export, the README's hand-written part, a prediction written before the
     # runs (ablate.report.predict), which the report sets the measurement beside, and runs made outside
     # the study that the hand-written part quotes (beyond_edges.csv: one lr past each edge of a grid;

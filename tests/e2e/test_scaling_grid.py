@@ -88,6 +88,20 @@ def test_a_size_budget_grid_trains_each_size_arm_seed_once_with_one_run_per_budg
     ratios = list(csv.DictReader(io.StringIO(first[Path("ratios.csv")].decode())))
     assert ratios and all(r["n_boot"] == "20" for r in ratios)  # 2 seeds: paired-seed intervals
     assert any(r["lo"] and r["hi"] for r in ratios)
+    # the same grid beside an earlier fit's folder (here: itself): every ratio and gap equal to its own
+    compared = tmp_path / "compared"
+    fit_compared = ["fit", recipe.name, "--workspace", str(ws), "--bootstrap", "20"]
+    assert main([*fit_compared, "--out", str(compared), "--compare-with", "fit"]) == 0
+    _check_comparison(compared, fit)
+    for wrong, fragment in [(["--compare-with", "ws"], "ratios.csv"), (["--form", "size"], "grid fits")]:
+        compare = [] if "--compare-with" in wrong else ["--compare-with", "fit"]
+        capsys.readouterr()
+        assert main([*fit_compared, "--out", str(tmp_path / "wrong"), *compare, *wrong]) == 2
+        err = capsys.readouterr().err
+        assert fragment in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "wrong").exists()
+    compared_files = {p.relative_to(compared): p.read_bytes() for p in compared.rglob("*") if p.is_file()}
+
     # a person's words below the generated part survive; everything else comes back byte for byte
     with open(fit / "README.md", "a") as f:
         f.write("\n# What these runs say\n\nHand-written.\n")
@@ -100,8 +114,56 @@ def test_a_size_budget_grid_trains_each_size_arm_seed_once_with_one_run_per_budg
     assert again.pop(Path("README.md")).decode() == readme + "\n# What these runs say\n\nHand-written.\n"
     first.pop(Path("README.md"))
     assert again == first
+    for p in compared.rglob("*"):  # the comparison too, reading the compared folder again
+        if p.is_file() and p.suffix != ".parquet":
+            p.unlink()
+    assert main(["fit", "--from", str(compared)]) == 0
+    assert {
+        p.relative_to(compared): p.read_bytes() for p in compared.rglob("*") if p.is_file()
+    } == compared_files
 
     # a sweep's report folder is not a fit's, and the other way round: one line each, exit 2
     capsys.readouterr()
     assert main(["report", "--from", str(fit)]) == 2
     assert "use ablate fit --from" in capsys.readouterr().err
+
+
+def _check_comparison(compared: Path, earlier: Path) -> None:
+    """compared_gaps.csv against the paired gaps computed here from the earlier folder's points.csv."""
+    from scipy import stats
+
+    def rows(folder: Path, name: str) -> list[dict[str, str]]:
+        with open(folder / name, newline="") as f:
+            return list(csv.DictReader(f))
+
+    loss = {
+        (p["arch"], p["size"], float(p["tokens"]), p["seed"]): float(p["loss"])
+        for p in rows(earlier, "points.csv")
+    }
+    gaps = rows(compared, "compared_gaps.csv")
+    assert len(gaps) == len(SIZES) * len(BUDGETS)
+    for g in gaps:
+        d = [
+            loss[("diff", g["size"], float(g["tokens"]), s)]
+            - loss[("transformer", g["size"], float(g["tokens"]), s)]
+            for s in SEEDS
+        ]
+        mean = sum(d) / len(d)
+        half = stats.t.ppf(0.975, len(d) - 1) * stats.sem(d)
+        for side in ("", "compared_"):
+            assert float(g[f"{side}gap"]) == pytest.approx(mean, abs=1e-12)
+            assert float(g[f"{side}gap_lo"]) == pytest.approx(mean - half, abs=1e-9)
+            assert float(g[f"{side}gap_hi"]) == pytest.approx(mean + half, abs=1e-9)
+            assert g[f"{side}seeds"] == "2"
+        assert float(g["gap_change"]) == 0.0
+    ratios = rows(compared, "compared_ratios.csv")
+    headline = [r for r in rows(earlier, "ratios.csv") if r["at_largest"] == "True"]
+    assert len(ratios) == len(headline) > 0
+    for r in ratios:
+        assert r["status"] == r["compared_status"]
+        for key in ("ratio", "lo", "hi"):
+            assert r[key] == r[f"compared_{key}"] or float(r[key]) == pytest.approx(
+                float(r[f"compared_{key}"])
+            )
+    readme = (compared / "README.md").read_text()
+    assert "## Beside `fit`" in readme and "compared_gaps.csv" in readme
