@@ -185,9 +185,10 @@ def _relative_inside(value: Any) -> bool:
 
 def check_settings(settings: Any, where: Path) -> None:
     """An export is data, never code: `--from` takes from it only the recipe path (relative, inside this
-    checkout) and the search spec's (and a grid fit's compared folder's), the scale, the seeds, and `base.*` overrides of plain values (a
-    string, number, bool or null, or a list of them), nothing that imports (`class_path`, `imports`) or
-    sets a key outside `base`. Anything else is one line: a crafted export must not run code here."""
+    checkout), the search spec's and a grid fit's compared folder's, the scale, the seeds, and `base.*`
+    overrides of plain values (a string, number, bool or null, or a list of them), nothing that imports
+    (`class_path`, `imports`) or sets a key outside `base`. Anything else is one line: a crafted export
+    must not run code here."""
 
     def bad(key: str, what: str) -> UserError:
         return UserError(f"--from: {where}: report.{key} {what}; an export holds data, not code: {RESTORE}")
