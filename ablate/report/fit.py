@@ -41,6 +41,20 @@ def _num(x: float) -> str:
     return "n/a" if not math.isfinite(x) else f"{x:.4g}"
 
 
+QUOTED = ("interpolated", "extrapolated")  # the ratio statuses a report quotes
+
+
+def percent(x: float) -> str:
+    return f"{100 * x:.1f}%" if math.isfinite(x) else "n/a"
+
+
+def ratio_cell(ratio: float, lo: float, hi: float, status: str) -> str:
+    """A ratio with its interval for a table, or why it is not quoted (a fit with a parameter at its bound)."""
+    return (
+        f"{percent(ratio)} [{percent(lo)}, {percent(hi)}]" if status in QUOTED else f"not quoted ({status})"
+    )
+
+
 def ratio_sentence(r: Ratio) -> str:
     where = f"{SYMBOL[r.quantity]} = {sci(r.at)}"
     for var, v in r.fixed.items():

@@ -24,6 +24,7 @@ from typing import Any
 
 from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table, si
+from ablate.report.fit import ratio_cell
 from ablate.report.stats import format_number, paired_difference
 
 NEEDED = {
@@ -59,12 +60,13 @@ def checked_folder(folder: str | Path, form: str | None) -> str:
     """`--compare-with` as the export keeps it (relative to the current folder, inside it), after reading
     the folder once, so a wrong one is one line before any store is opened."""
     from ablate.report.write import inside_checkout
+    from ablate.store.export import relative_inside
 
     if form not in (None, "grid"):
         raise UserError(f"--compare-with: compares two grid fits; --form {form} is not one")
     read_grid_folder(folder)
     path = inside_checkout(folder)
-    if Path(path).is_absolute() or ".." in Path(path).parts:
+    if not relative_inside(path):
         raise UserError(
             f"--compare-with: {path!r} is outside the current folder; the export keeps the path relative "
             "for `ablate fit --from`: run from the checkout that holds it"
@@ -145,13 +147,6 @@ def compared_gaps(
     return rows
 
 
-def _ratio_cell(ratio: float, lo: float, hi: float, status: str) -> str:
-    if status not in ("interpolated", "extrapolated"):
-        return f"not quoted ({status})"
-    interval = f" [{100 * lo:.1f}%, {100 * hi:.1f}%]" if math.isfinite(lo) and math.isfinite(hi) else ""
-    return f"{100 * ratio:.1f}%{interval}"
-
-
 def _gap_cell(gap: float, lo: float, hi: float) -> str:
     interval = f" [{format_number(lo)}, {format_number(hi)}]" if math.isfinite(lo) else ""
     return f"{format_number(gap, sign=True)}{interval}"
@@ -169,8 +164,8 @@ def comparison_section(label: str, ratios: list[dict[str, Any]], gaps: list[dict
             [
                 r["fit"],
                 QUANTITY_WORDS.get(r["quantity"], r["quantity"]),
-                _ratio_cell(r["ratio"], r["lo"], r["hi"], r["status"]),
-                _ratio_cell(r["compared_ratio"], r["compared_lo"], r["compared_hi"], r["compared_status"]),
+                ratio_cell(r["ratio"], r["lo"], r["hi"], r["status"]),
+                ratio_cell(r["compared_ratio"], r["compared_lo"], r["compared_hi"], r["compared_status"]),
             ]
             for r in ratios
         ],

@@ -35,7 +35,7 @@ from ablate.fitting import Point, fit_loss_curve, fit_points
 from ablate.fitting.core import check_points
 from ablate.fitting.fit import FitReport
 from ablate.fitting.forms import FORMS
-from ablate.report.fit import ratio_sentence, write_fit
+from ablate.report.fit import QUOTED, percent, ratio_cell, ratio_sentence, write_fit
 from ablate.report.table import write_csv
 
 if TYPE_CHECKING:
@@ -50,7 +50,6 @@ FIT_WHERE = {
     "size": "at the largest budget",
     "tokens": "at the largest size",
 }
-QUOTED = ("interpolated", "extrapolated")
 
 
 def is_grid(runs: list[Any], budgeted: bool) -> bool:
@@ -237,10 +236,6 @@ def point_rows(runs: list[Any], conv: dict[str, dict[str, Any]], seconds: dict[s
     ]
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%" if math.isfinite(x) else "n/a"
-
-
 def ratios_table(rows: list[dict[str, Any]]) -> str:
     """The ratio at each fit's largest trained value, beside the paper's (Figure 3)."""
     cells = []
@@ -252,11 +247,7 @@ def ratios_table(rows: list[dict[str, Any]]) -> str:
             for k, v in row.items()
             if k.startswith("fixed_") and isinstance(v, float) and math.isfinite(v)
         )
-        value = (
-            f"{_pct(row['ratio'])} [{_pct(row['lo'])}, {_pct(row['hi'])}]"
-            if row["quoted"]
-            else f"not quoted ({row['status']})"
-        )
+        value = ratio_cell(row["ratio"], row["lo"], row["hi"], row["status"])  # quoted: status in QUOTED
         cells.append(
             [
                 row["fit"],
@@ -264,7 +255,7 @@ def ratios_table(rows: list[dict[str, Any]]) -> str:
                 f"{'N' if row['quantity'] == 'params' else 'D'} = {si(row['at'])}"
                 + (f", {fixed}" if fixed else ""),
                 value,
-                _pct(row["paper_ratio"]),
+                percent(row["paper_ratio"]),
             ]
         )
     return markdown_table(

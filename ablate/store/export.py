@@ -174,7 +174,8 @@ def _parquet(path: Path, read: Any) -> Any:
         raise UserError(f"--from: {path} cannot be read ({str(e).splitlines()[0]}); {RESTORE}") from None
 
 
-def _relative_inside(value: Any) -> bool:
+def relative_inside(value: Any) -> bool:
+    """A non-empty relative path with no '..': inside the checkout it is read from."""
     return (
         isinstance(value, str)
         and bool(value)
@@ -199,7 +200,7 @@ def check_settings(settings: Any, where: Path) -> None:
         value = settings.get(key)
         if value is None and key == "search":
             continue
-        if not _relative_inside(value):
+        if not relative_inside(value):
             raise bad(key, f"is {value!r}, not a relative path inside this checkout (no '..')")
     if not isinstance(settings.get("scale"), str | None):
         raise bad("scale", f"is {settings.get('scale')!r}, not a name")
@@ -212,7 +213,7 @@ def check_settings(settings: Any, where: Path) -> None:
     if not isinstance(fit, dict) or not all(_plain(v) and not isinstance(v, list) for v in fit.values()):
         raise bad("fit", f"is {fit!r}, not a mapping of plain values")
     compared = fit.get("compare_with")
-    if compared is not None and not _relative_inside(compared):
+    if compared is not None and not relative_inside(compared):
         raise bad("fit.compare_with", f"is {compared!r}, not a relative path inside this checkout (no '..')")
     overrides = settings.get("overrides", [])
     if not isinstance(overrides, list):
