@@ -289,8 +289,10 @@ def grid_readme(
     precision: str,
     machine: str,
     data: str = "",
+    compare_with: str | None = None,
 ) -> str:
-    """The folder's README; `data`: the passes over the training data (ablate.report.fit_runs.data_note)."""
+    """The folder's README; `data`: the passes over the training data (ablate.report.fit_runs.data_note);
+    `compare_with`: the earlier grid fit's folder the fit was set beside, which its command names."""
     points, cost = rows["points"], rows["grid"][0]
     sizes = sorted({(p["params"], p["size"]) for p in points if p["arch"] == fits["joint"].reference})
     budgets = sorted({p["tokens"] for p in points})
@@ -308,7 +310,8 @@ def grid_readme(
         "",
         "```bash",
         f"ablate sweep {recipe} --scale {ctx.scale} --seeds {' '.join(map(str, seeds))} --yes",
-        f"ablate fit {recipe} --scale {ctx.scale} --out <this folder>",
+        f"ablate fit {recipe} --scale {ctx.scale} --out <this folder>"
+        + (f" --compare-with {compare_with}" if compare_with else ""),
         "ablate fit --from <this folder>   # this folder again from its export alone (runs.parquet, metrics.parquet)",
         "```",
         "",
@@ -414,7 +417,7 @@ def write_grid_report(
 
     readme = folder / "README.md"  # what a person wrote below the generated part is kept (hand_written)
     generated = grid_readme(
-        ctx, fits, where, rows, params_word, precision, machine_line(machines or [""]), data
+        ctx, fits, where, rows, params_word, precision, machine_line(machines or [""]), data, compare_with
     ) + (f"\n{compared}\n" if compared else "")
     kept = hand_written(readme.read_text(), generated) if readme.exists() else ""
     readme.write_text(generated + (f"\n{kept}" if kept else ""))
