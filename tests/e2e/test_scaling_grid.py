@@ -93,7 +93,8 @@ def test_a_size_budget_grid_trains_each_size_arm_seed_once_with_one_run_per_budg
     fit_compared = ["fit", recipe.name, "--workspace", str(ws), "--bootstrap", "20"]
     assert main([*fit_compared, "--out", str(compared), "--compare-with", "fit"]) == 0
     _check_comparison(compared, fit)
-    assert "--out <this folder> --compare-with fit\n" in (compared / "README.md").read_text()  # how it was made
+    how_made = "--out <this folder> --compare-with fit\n"
+    assert how_made in (compared / "README.md").read_text()
     for wrong, fragment in [(["--compare-with", "ws"], "ratios.csv"), (["--form", "size"], "grid fits")]:
         compare = [] if "--compare-with" in wrong else ["--compare-with", "fit"]
         capsys.readouterr()
