@@ -34,6 +34,7 @@ INPUTS = (
     "predictions.csv",
     "beyond_edges.csv",
     "stdlib_comparison.csv",
+    "transfer_points.csv",
 )
 
 
@@ -63,7 +64,8 @@ def test_report_from_export_rebuilds_the_committed_folder_byte_identical(root, n
     # all go but the inputs: the export, the README's hand-written part, a prediction written before the
     # runs (ablate.report.predict), which the report sets the measurement beside, and runs made outside
     # the study that the hand-written part quotes (beyond_edges.csv: one lr past each edge of a grid;
-    # stdlib_comparison.csv: the same budgets of the study on the stdlib corpus, from its folder's CSV)
+    # stdlib_comparison.csv: the same budgets of the study on the stdlib corpus, from its folder's CSV;
+    # transfer_points.csv: a grid's points beside the lr transfer check's runs of the same settings)
     for generated in copy.iterdir():
         if generated.is_dir():
             shutil.rmtree(generated)
