@@ -665,7 +665,9 @@ def _run_row(r: Any, labels: dict[str, str], seconds: dict[str, float]) -> dict[
 
 
 def train_seconds(ctx: SweepContext, records: list[Any]) -> dict[str, float]:
-    """Run id -> its training seconds (final_metrics.json: the Trainer's fit, the last attempt's if resumed)."""
+    """Run id -> its training seconds (final_metrics.json: the Trainer's fit, and where the run was resumed,
+    its earlier attempts' up to the checkpoint it resumed from: ablate.train.training_clock; a run recorded
+    before that was counted shows its last attempt's only)."""
     import json
 
     from ablate.store import tracking
@@ -678,7 +680,8 @@ def train_seconds(ctx: SweepContext, records: list[Any]) -> dict[str, float]:
                 text = tracking.artifact_text(client, r.run_id, "final_metrics.json")
                 if text is None:
                     raise ValueError(f"run {r.run_id}: finished, but it has no final_metrics.json")
-                seconds = float(json.loads(text)["seconds"])
+                final = json.loads(text)
+                seconds = float(final["seconds"]) + float(final.get("earlier_attempts_seconds", 0.0))
             except (tracking.ArtifactUnreadable, ValueError, KeyError, TypeError) as e:
                 why = str(e) if str(e).startswith("run ") else f"run {r.run_id}: {tracking.first_line(e)}"
                 print(f"[report] time.csv: {why}; its training seconds are left out (nan)", flush=True)

@@ -284,6 +284,8 @@ class TrainResult:
     steps: int = 0
     seconds: float = 0.0
     compile_seconds: float = 0.0  # of `seconds`, spent in torch.compile (`train.compile`)
+    # `seconds` is this attempt's; a resumed run's earlier attempts, up to its checkpoint, spent this more
+    earlier_attempts_seconds: float = 0.0  # (ablate.train.training_clock)
     reason: str = ""
     history: list[dict[str, float]] = field(default_factory=list)
 
@@ -513,6 +515,7 @@ def _train(
     from ablate.train import launch
     from ablate.train.layer_stats import LayerStats
     from ablate.train.progress import StepProgress
+    from ablate.train.training_clock import TrainingClock
 
     quiet_lightning()
     tune_glibc_malloc()  # ~8-10% faster steps: activations are not unmapped and faulted in every step
@@ -533,6 +536,7 @@ def _train(
         enable_version_counter=False,
     )
     start_step, resume = _resume_point(folder / "checkpoints", rank)
+    clock = TrainingClock(run.key)  # the earlier attempts' seconds, from the checkpoint resumed from
     # The stream of micro-batches depends on (seed, index) only; a resumed run starts where it stopped.
     # With `world` ranks, rank r takes micro-batches r, r + world, ...: optimizer step s sees micro-batches
     # s*A*world .. (s+1)*A*world - 1 over all ranks (A = accumulate per rank), the same global batch as
@@ -573,7 +577,7 @@ def _train(
             check_val_every_n_epoch=None,
             num_sanity_val_steps=0,
             logger=False,
-            callbacks=[checkpoint, _SameRanks(rank, world), LayerStats(), *callbacks]
+            callbacks=[checkpoint, clock, _SameRanks(rank, world), LayerStats(), *callbacks]
             + (
                 [StepProgress(cfg.batch_tokens, compile_clock=compile_seconds if cfg.compile else None)]
                 if progress and rank == 0
@@ -618,6 +622,7 @@ def _train(
         steps=trainer.global_step,
         seconds=seconds,
         compile_seconds=compiling,
+        earlier_attempts_seconds=clock.earlier_seconds,
         history=module.history,
     )
 

@@ -101,6 +101,8 @@ def test_a_budgets_branch_is_the_fresh_run_of_that_budget_bitwise(tmp_path):
     assert tags["ablate.budget_steps"] == "12" and tags["ablate.budget_tokens"] == str(12 * 256)
     trained = [m.step for m in client.get_metric_history(branch.run_id, "train/loss")]
     assert min(trained) == 11 and max(trained) == 12
+    # its time is its cooldown's: the checkpoint it started from carries the longest run's seconds, not its own
+    assert branch.earlier_attempts_seconds == 0.0 and branch.seconds > 0
 
 
 class StepsSeen(L.Callback):

@@ -13,6 +13,7 @@ from mini_project import write_recipe
 
 from ablate.cli import main
 from ablate.recipe.resolve import load_recipe
+from ablate.store import tracking
 from ablate.store.stores import Stores
 from ablate.train.loop import lr_factor, train_run
 
@@ -170,6 +171,10 @@ def test_crashed_run_resumes_at_same_step_and_lr_without_second_mlflow_run(mini_
     resumed_loss = _history(client, result.run_id, "train/loss")
     for step in (5, 6, 7, 8):  # the same batches and the same weights as the run that never stopped
         assert resumed_loss[step] == pytest.approx(ref_loss[step], rel=1e-5), step
+    # its training time counts the crashed attempt up to the checkpoint it resumed from, as reports read it
+    assert reference.earlier_attempts_seconds == 0.0 and result.earlier_attempts_seconds > 0
+    final = json.loads(tracking.artifact_text(client, result.run_id, "final_metrics.json"))
+    assert final["earlier_attempts_seconds"] == result.earlier_attempts_seconds
 
 
 def test_finished_run_is_not_trained_again(mini_recipe, tmp_path):
