@@ -4,7 +4,7 @@ A run that is killed resumes from its last checkpoint (ablate.train.loop), and t
 attempt that finishes it counts only that attempt. `TrainingClock` is a Lightning callback whose state,
 saved in every checkpoint, is the run's training seconds so far, so the attempt that resumes from a
 checkpoint knows what the earlier ones spent up to it. Time an attempt spent after its last checkpoint is
-not in it: that work is done again, and counted again, by the next attempt.
+not counted: the next attempt does that work again, and its time for it is.
 
 The state names the run that saved it (its key). A budget's run starts from a checkpoint that another run
 saved (its branch point, ablate.train.branches; a longer budget continuing from a kept stable phase), and
