@@ -258,18 +258,20 @@ def wait_for_jobs(ctx: SweepContext, study: Any, submitted: Submitted, poll_s: f
 
     last = None
     while True:
-        done, total, _ = progress_counts(study)
-        if (done, total) != last:
-            print(f"[sweep {ctx.study_name}] {done}/{total} trials finished", flush=True)
-            last = (done, total)
-        if done >= total:
-            return True
+        # Whether the jobs had ended is read before the trials are counted: jobs that end between the two
+        # (the last trial told, then the workers gone) are not taken for jobs that ended early.
         queued = subprocess.run(
             ["squeue", "--noheader", "--format=%i", "--jobs", submitted.job_id],
             capture_output=True,
             text=True,
             timeout=120,
         )
+        done, total, _ = progress_counts(study)
+        if (done, total) != last:
+            print(f"[sweep {ctx.study_name}] {done}/{total} trials finished", flush=True)
+            last = (done, total)
+        if done >= total:
+            return True
         if queued.returncode == 0 and not queued.stdout.strip():
             raise UserError(
                 f"--wait: the Slurm jobs of array {submitted.job_id} ended with {total - done} trials "

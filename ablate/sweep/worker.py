@@ -80,14 +80,24 @@ def work(
         if trial is None:
             if recover_stale(study, storage, ctx.grace_period):
                 continue
-            from optuna.trial import TrialState
-
-            if not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            unsettled = unsettled_states(study)
+            if not unsettled:
                 return trained
-            time.sleep(1.0)  # others are still running: one of them may die and need a retry
+            if "RUNNING" in unsettled:
+                time.sleep(1.0)  # others are still running: one of them may die and need a retry
             continue
         run_trial(ctx, study, storage, trial, parent, workers, after_trial)
         trained += 1
+
+
+def unsettled_states(study: Any) -> set[str]:
+    """Which of WAITING and RUNNING the study's trials are in, read from one look at the storage: a
+    trial handed back between two looks (its retry enqueued, then the trial failed) is seen as one or
+    the other, never as neither, so no worker leaves while a retry waits."""
+    from optuna.trial import TrialState
+
+    wanted = (TrialState.WAITING, TrialState.RUNNING)
+    return {t.state.name for t in study.get_trials(deepcopy=False, states=wanted)}
 
 
 def run_trial(

@@ -30,12 +30,15 @@ def _study(workspace: Path):
 
 def _wait_for(what: str, found, array: str | None = None, logs: Path | None = None, poll_s: float = 0.2):
     """found() until it returns something: an event, however long a busy machine takes; the array's jobs
-    ending first fails the test with their logs."""
+    ending first fails the test with their logs. Whether they had ended is read before found() looks, so
+    jobs that end between the two (the last trial told, then the workers gone) are not taken for jobs
+    that ended early."""
     while True:
+        ended = array is not None and not _squeue(array).strip()
         value = found()
         if value:
             return value
-        if array is not None and not _squeue(array).strip():
+        if ended:
             shown = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(logs.glob("*_log.*")))
             raise AssertionError(f"the Slurm jobs ended before {what}:\n{shown}")
         time.sleep(poll_s)
