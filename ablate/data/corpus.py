@@ -6,7 +6,7 @@ Sources (`data.source`):
   site-packages and the test suites and IDLE (test/, tests/, idlelib/: ~20 MB of repetitive text that
   would dominate the corpus); about 11 MB in 674 files on CPython 3.11. Needs no download.
 - `pypi-sdists`: the code and documentation files of 21 pinned PyPI source distributions, about 550 MB
-  of text; downloaded by pip and built once into a cache shared by workspaces (`ablate.data.builtin_corpus`,
+  of text; fetched from the package index pip uses and built once into a cache shared by workspaces (`ablate.data.builtin_corpus`,
   where its manifest records its token counts under the `cpu` scales' BPE-2048).
 - a text file: one document, or several when `data.separator` splits it.
 - a JSON-lines file (.jsonl, .jsonl.gz, .jsonl.zst, .json.gz, .json.zst): one document per non-empty
