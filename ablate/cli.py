@@ -37,10 +37,11 @@ from ablate.verbs.fit import fit
 from ablate.verbs.options import DEFAULT_WORKSPACE, Shared, load
 from ablate.verbs.prepare import prepare
 from ablate.verbs.report import report
+from ablate.verbs.server import server
 from ablate.verbs.status import status
 from ablate.verbs.sweep import sweep
 from ablate.verbs.train import train
-from ablate.verbs.ui import server, ui
+from ablate.verbs.ui import ui
 from ablate.verbs.worker import worker
 
 __all__ = ["DEFAULT_WORKSPACE", "VERBS", "main", "parse_args"]

@@ -1,5 +1,6 @@
 """`ablate check`: every variant's shape and cost, whether they are matched within the recipe's
-tolerance, and the passes each run makes over its corpus (ablate.recipe.check builds the table).
+tolerance, and the passes each run makes over its corpus (ablate.recipe.check builds the table); with
+`--coord`, the coordinate check of the recipe's variants at its scale instead.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from ablate.verbs.options import Shared, load, shared
 
 if TYPE_CHECKING:
     from ablate.recipe.resolve import Recipe
+
+# The coordinate check's training windows are drawn from the corpus's first tokens: a few steps need few.
+PREFIX_TOKENS = 4_000_000
 
 
 @shared("scale", "workspace", "reports")
@@ -52,8 +56,6 @@ def check(
     loaded = load(recipe, overrides, opts.scale)
     scale = loaded.scale
     if coord:
-        from ablate.verbs.coord import run_coord
-
         out = coord_out or f"{opts.reports}/coord-{loaded.name}-{scale}"
         return run_coord(loaded, opts, coord_widths, coord_steps, coord_seeds or [0, 1], coord_variants, out)
     table = run_check(loaded, scale, allow_unmatched=allow_unmatched)
@@ -102,3 +104,56 @@ def run_check(recipe: Recipe, scale: str | None, allow_unmatched: bool = False) 
             "match them, raise `tolerance:` in the recipe, or pass --allow-unmatched"
         )
     return report
+
+
+def run_coord(
+    loaded: Any,
+    opts: Any,
+    widths: list[int] | None,
+    steps: int,
+    seeds: list[int],
+    variants: list[str] | None,
+    out: str,
+) -> int:
+    """`--coord`: pick the runs (one size), the data and the widths; ablate.train.coord trains and measures,
+    ablate.report.coord writes the CSVs, the plot and the report."""
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from ablate.data import load_tokens
+    from ablate.report.coord import write
+    from ablate.train.coord import as_dicts, coord_check
+
+    runs = loaded.runs_for(seeds[:1], variants)
+    first_size = runs[0].size
+    runs = [run for run in runs if run.size == first_size]  # one size: the check varies width itself
+    base = runs[0].model.to_dict()
+    widths = widths or [base["d_model"] // 2, base["d_model"], 2 * base["d_model"], 4 * base["d_model"]]
+    if len(widths) < 2 or steps < 1:
+        raise UserError("--coord_widths: the coordinate check needs 2 or more widths and --coord_steps >= 1")
+    train = runs[0].train
+    data = load_tokens(runs[0].data, opts.layout)
+    tokens = torch.as_tensor(data.train[:PREFIX_TOKENS].astype("int64"))
+    started = time.perf_counter()
+    rows = coord_check(
+        {run.variant: {**run.model.to_dict(), "parametrization": "standard"} for run in runs},
+        tokens,
+        widths=widths,
+        steps=steps,
+        seeds=seeds,
+        batch_size=train.micro_batch_size,
+        seq_len=train.seq_len,
+        lr=train.lr,
+        weight_decay=train.weight_decay,
+        betas=tuple(train.betas),
+        eps=train.eps,
+    )
+    text = write(as_dicts(rows), Path(out), labels=loaded.row_labels)
+    print(text)
+    print(
+        f"coordinate check of {', '.join(run.variant for run in runs)} at widths {widths}, {steps} steps, "
+        f"seeds {seeds}: {time.perf_counter() - started:.0f} s; written to {out}"
+    )
+    return 0
