@@ -70,7 +70,8 @@ def bench(
 
 
 # Every keyword-only argument of run_bench with a default (e.g. `device`, `precision`) is a `bench` flag by
-# itself (ablate.cli reads `flags_from`), except these, which are the library's, not the command line's.
+# itself (ablate.verbs.options.verb_options reads `flags_from`), except these, which are the library's,
+# not the command line's.
 bench.flags_from = ("ablate.verbs.bench", "run_bench")
 bench.internal = ("recipe_path", "overrides", "tune_malloc", "retries", "echo", "ops")
 

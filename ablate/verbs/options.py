@@ -1,5 +1,6 @@
-"""What several verbs share: the `Shared` options (declared once: type, default, help), loading a recipe
-with the command line's overrides, a sweep's context, and the checks of a tracking URI.
+"""What several verbs share: the `Shared` options (declared once: type, default, help), each verb's options
+as `ablate.cli` hands them to jsonargparse, loading a recipe with the command line's overrides (and
+printing it resolved: `--print_config`), a sweep's context, and the checks of a tracking URI.
 
 A verb names the `Shared` options it takes with `@shared(...)` and reads them as `Shared(**options)`.
 """
@@ -7,11 +8,15 @@ A verb names the `Shared` options it takes with `@shared(...)` and reads them as
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
 import json
 import re
+import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ablate.core.argv import Option
 from ablate.core.errors import UserError
 from ablate.core.workspace import Workspace
 
@@ -76,6 +81,36 @@ def shared(*names: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
     return mark
 
 
+def verb_options(fn: Callable[..., int]) -> list[Option]:
+    """The verb's signature, the `Shared` options it takes, and the keyword-only arguments with defaults of
+    the library function it names as `flags_from` ((module, name), read when asked), less its `internal`
+    ones (the library's, not the command line's); help from the docstrings' `Args:`/`Attributes:`."""
+    from ablate.core.config import field_docs
+
+    docs, hints, params = field_docs(fn), typing.get_type_hints(fn), inspect.signature(fn).parameters
+    options = [
+        Option(n, hints[n], p.default, docs.get(n, ""))
+        for n, p in params.items()
+        if p.kind is p.POSITIONAL_OR_KEYWORD
+    ]
+    shared_docs, shared_hints = field_docs(Shared), typing.get_type_hints(Shared)
+    options += [
+        Option(f.name, shared_hints[f.name], f.default, shared_docs.get(f.name, ""), shared=True)
+        for f in dataclasses.fields(Shared)
+        if f.name in getattr(fn, "shared", ())
+    ]
+    if hasattr(fn, "flags_from"):
+        module, name = fn.flags_from
+        target = getattr(importlib.import_module(module), name)
+        more, covered = typing.get_type_hints(target), set(params) | set(getattr(fn, "internal", ()))
+        options += [
+            Option(n, more.get(n, str), p.default, docs.get(n, ""))
+            for n, p in inspect.signature(target).parameters.items()
+            if p.kind is p.KEYWORD_ONLY and n not in covered and p.default is not p.empty
+        ]
+    return options
+
+
 def load(path: str, overrides: list | None, scale: str | None = None) -> Any:
     """The recipe at `path`, with the command line's overrides, resolved at `scale`."""
     from ablate.recipe.resolve import load_recipe
@@ -83,18 +118,25 @@ def load(path: str, overrides: list | None, scale: str | None = None) -> Any:
     return load_recipe(path, overrides or [], scale=scale)
 
 
+def print_resolved(recipe: str | None, scale: str | None, overrides: list) -> None:
+    """`--print_config`: the recipe resolved at `scale` with the overrides applied, as a recipe file."""
+    import yaml
+
+    from ablate.recipe.resolve import resolved_recipe
+
+    if not recipe:
+        raise UserError("--print_config: prints a recipe; give one")
+    loaded = load(recipe, overrides, scale)
+    print(
+        f"# resolved by ablate from {loaded.path} at scale {loaded.scale}; "
+        "`ablate check FILE` accepts this file as it is"
+    )
+    print(yaml.safe_dump(resolved_recipe(loaded, scale), sort_keys=False, allow_unicode=True), end="")
+
+
 # What MLflow can track to: its server or a database it supports (MLflow 3 no longer opens a folder, a file
 # store).
-TRACKING_SCHEMES = (
-    "http",
-    "https",
-    "sqlite",
-    "postgresql",
-    "mysql",
-    "mssql",
-    "databricks",
-    "databricks-uc",
-)
+TRACKING_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks", "databricks-uc")
 
 
 def tracking_uri_checked(uri: str | None) -> str | None:

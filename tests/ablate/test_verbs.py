@@ -9,7 +9,7 @@ from pathlib import Path
 from ablate.cli import VERBS
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI_LINES = 460
+CLI_LINES = 150
 VERB_MODULE_LINES = 250
 VERB_FUNCTION_LINES = 80
 
