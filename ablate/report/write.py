@@ -200,7 +200,9 @@ def exported_recipe(settings: dict[str, Any]) -> Any:
     """The recipe an export's report settings name (export_settings), read from this checkout, with the
     overrides and scale the report was written with."""
     from ablate.recipe.resolve import load_recipe
+    from ablate.store.export import check_recipe_is_data
 
+    check_recipe_is_data(Path(settings["recipe"]))
     return load_recipe(settings["recipe"], [tuple(o) for o in settings["overrides"]], scale=settings["scale"])
 
 

@@ -157,7 +157,12 @@ def read_meta(folder: Path) -> dict[str, Any]:
         meta = json.loads(meta[META_KEY])
     except ValueError as e:
         raise UserError(f"--from: {folder / RUNS_FILE}: its study is not JSON ({e}); {RESTORE}") from None
+    if not isinstance(meta, dict):
+        raise UserError(
+            f"--from: {folder / RUNS_FILE}: its study is {type(meta).__name__}, not a mapping; {RESTORE}"
+        )
     check_settings(meta.get("report"), folder / RUNS_FILE)
+    check_study(meta, folder / RUNS_FILE)
     return meta
 
 
@@ -215,6 +220,14 @@ def check_settings(settings: Any, where: Path) -> None:
     compared = fit.get("compare_with")
     if compared is not None and not relative_inside(compared):
         raise bad("fit.compare_with", f"is {compared!r}, not a relative path inside this checkout (no '..')")
+    if fit:
+        for key, kind in (("form", str), ("params_count", str), ("seed", int), ("bootstrap", int)):
+            if type(fit.get(key)) is not kind:
+                raise bad(
+                    f"fit.{key}", f"is {fit.get(key)!r}, not {'a name' if kind is str else 'an integer'}"
+                )
+        if not 0 <= fit["bootstrap"] <= MAX_BOOTSTRAP:
+            raise bad("fit.bootstrap", f"is {fit['bootstrap']}, outside 0 to {MAX_BOOTSTRAP:,} resamples")
     overrides = settings.get("overrides", [])
     if not isinstance(overrides, list):
         raise bad("overrides", f"is {overrides!r}, not a list")
@@ -235,6 +248,95 @@ def check_settings(settings: Any, where: Path) -> None:
 
 
 CODE_KEYS = {"class_path", "init_args", "imports"}
+
+
+def check_recipe_is_data(path: Path) -> None:
+    """The recipe an export names, read as data before it is loaded: `--from` imports nothing, so a recipe
+    that lists `imports:` or names a `class_path` anywhere (a plugin's code) is one line, whichever folder
+    holds it. Registered components (the `ablate.components` entry points: installed code) still load."""
+    from ablate.core.config import read_yaml_file
+
+    path = Path(path)
+    if not path.is_file():
+        return  # load_recipe says so in its own line
+    raw = read_yaml_file(path, "recipe")
+
+    def code_keys(node: Any, at: str) -> str | None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                here = f"{at}.{key}" if at else str(key)
+                if key == "class_path" or (key == "imports" and value):
+                    return here
+                if (found := code_keys(value, here)) is not None:
+                    return found
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                if (found := code_keys(value, f"{at}[{i}]")) is not None:
+                    return found
+        return None
+
+    if (key := code_keys(raw, "")) is not None:
+        raise UserError(
+            f"--from: the export's recipe {path} sets {key}, which imports code, and an export never runs "
+            f"code; write the report from its store instead (ablate report {path})"
+        )
+
+
+MAX_BOOTSTRAP = 100_000  # resamples an export may ask for (the CLI's default is 1,000)
+MAX_TRIALS = 100_000  # trials (and runs) an export may hold: a crafted one must not run for hours
+STATES = ("RUNNING", "COMPLETE", "PRUNED", "FAIL", "WAITING")
+
+
+def check_study(meta: dict[str, Any], where: Path) -> None:
+    """The study an export holds, field by field, before anything is built from it: a malformed or
+    oversized field is one line naming it (a crafted export ends there, not in a traceback)."""
+    from optuna.distributions import json_to_distribution
+
+    def bad(key: str, what: str) -> UserError:
+        return UserError(f"--from: {where}: {key} {what}; {RESTORE}")
+
+    if not isinstance(meta.get("study"), str):
+        raise bad("study", f"is {meta.get('study')!r}, not a name")
+    if not isinstance(meta.get("user_attrs"), dict):
+        raise bad("user_attrs", f"is {type(meta.get('user_attrs')).__name__}, not a mapping")
+    trials = meta.get("trials")
+    if not isinstance(trials, list):
+        raise bad("trials", f"is {type(trials).__name__}, not a list")
+    if len(trials) > MAX_TRIALS:
+        raise bad("trials", f"holds {len(trials):,} trials, more than {MAX_TRIALS:,}")
+    for i, t in enumerate(trials):
+        key = f"trials[{i}]"
+        if not isinstance(t, dict):
+            raise bad(key, f"is {type(t).__name__}, not a mapping")
+        if type(t.get("number")) is not int or t["number"] < 0:
+            raise bad(f"{key}.number", f"is {t.get('number')!r}, not a trial number")
+        if t.get("state") not in STATES:
+            raise bad(f"{key}.state", f"is {t.get('state')!r}, not one of {', '.join(STATES)}")
+        value = t.get("value")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise bad(f"{key}.value", f"is {value!r}, not a number")
+        for when in ("start", "complete"):
+            text = t.get(when)
+            try:
+                if text is not None:
+                    datetime.datetime.fromisoformat(text)
+            except (TypeError, ValueError):
+                raise bad(f"{key}.{when}", f"is {text!r}, not an ISO date and time") from None
+        for field in ("params", "distributions", "user_attrs"):
+            if not isinstance(t.get(field), dict):
+                raise bad(f"{key}.{field}", f"is {type(t.get(field)).__name__}, not a mapping")
+        if set(t["params"]) != set(t["distributions"]):
+            missing = sorted(set(t["params"]) ^ set(t["distributions"]))
+            raise bad(f"{key}.distributions", f"does not match its params (differ in {missing})")
+        for name, text in t["distributions"].items():
+            try:
+                distribution = json_to_distribution(text)
+                distribution._contains(distribution.to_internal_repr(t["params"][name]))
+            except Exception:  # noqa: BLE001 -- whatever Optuna raises on a crafted distribution
+                raise bad(
+                    f"{key}.distributions.{name}",
+                    f"is {str(text)[:80]!r}, not an Optuna distribution of {t['params'][name]!r}",
+                ) from None
 
 
 def _plain(value: Any) -> bool:
@@ -291,7 +393,8 @@ class ExportedRuns:
         read_meta(folder)  # one line if there is no export
         self.tracking_uri = SCHEME + str(folder)
         runs = _parquet(Path(folder) / RUNS_FILE, pq.read_table).to_pylist()
-        self._runs = {r["run_id"]: r for r in runs}
+        self._runs = {r.get("run_id"): r for r in runs if isinstance(r, dict)}
+        _check_runs(runs, Path(folder) / RUNS_FILE)
         self._series: dict[tuple[str, str], list[tuple[int, float]]] = {}
         columns = _parquet(Path(folder) / METRICS_FILE, pq.read_table).to_pydict()
         for run_id, key, step, value in zip(
@@ -301,7 +404,10 @@ class ExportedRuns:
 
     def _row(self, run_id: str) -> dict[str, Any]:
         if run_id not in self._runs:
-            raise KeyError(f"run {run_id} is not in the export {self.tracking_uri[len(SCHEME) :]}")
+            raise UserError(
+                f"--from: run {run_id!r}, named by the export's study, is not in {self.tracking_uri[len(SCHEME) :]}"
+                f"/{RUNS_FILE}; {RESTORE}"
+            )
         return self._runs[run_id]
 
     def get_run(self, run_id: str) -> Any:
@@ -327,3 +433,25 @@ class ExportedRuns:
         out = Path(dst_path) / path
         out.write_text(artifacts[path])
         return str(out)
+
+
+def _check_runs(runs: list[Any], where: Path) -> None:
+    """Each row of runs.parquet: a run id, a status, and its JSON columns each a mapping."""
+
+    def bad(what: str) -> UserError:
+        return UserError(f"--from: {where}: {what}; {RESTORE}")
+
+    if len(runs) > MAX_TRIALS:
+        raise bad(f"holds {len(runs):,} runs, more than {MAX_TRIALS:,}")
+    for i, row in enumerate(runs):
+        if not isinstance(row.get("run_id"), str) or not row["run_id"]:
+            raise bad(f"row {i} has no run_id")
+        if not isinstance(row.get("status"), str):
+            raise bad(f"run {row['run_id']} has no status")
+        for column in ("tags", "params", "metrics", "artifacts"):
+            try:
+                value = json.loads(row.get(column))
+            except (TypeError, ValueError):
+                value = None
+            if not isinstance(value, dict):
+                raise bad(f"run {row['run_id']}'s {column} is not a JSON mapping")
