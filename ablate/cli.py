@@ -82,9 +82,10 @@ def build_parser(verb: str | None = None) -> tuple[ArgumentParser, VerbParser | 
 
 def add_recipe_help(parser: VerbParser) -> None:
     """The recipe's base.* options, with their types and defaults, for --help (given, they are overrides)."""
-    from ablate.core.config import TrainConfig
+    from ablate.core.registry import Spec
     from ablate.data.config import DataConfig
-    from ablate.model.decoder import ModelConfig
+    from ablate.model.config import ModelConfig
+    from ablate.train.config import TrainConfig
 
     for section, cls in (("model", ModelConfig), ("train", TrainConfig), ("data", DataConfig)):
         group = parser.add_argument_group(
@@ -94,7 +95,7 @@ def add_recipe_help(parser: VerbParser) -> None:
         for o in dataclass_options(cls):
             note = " (required in the recipe)" if o.default is REQUIRED else ""
             note += " (a component spec: name, {name: ..., <options>} or class_path/init_args)" * (
-                o.hint is Any
+                o.hint == Spec
             )
             default = None if o.default is REQUIRED else o.default
             group.add_argument(

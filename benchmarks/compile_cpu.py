@@ -26,7 +26,7 @@ from ablate.hardware.precision import choose_precision
 from ablate.model.decoder import attention_kernel, build_model
 from ablate.recipe.resolve import load_recipe
 from ablate.train.bench import Arm, train_step, undisturbed
-from ablate.train.loop import compile_seconds
+from ablate.train.module import compile_seconds
 
 
 def arms_for(recipe_path: str, scale: str, variants: list[str], precision: str) -> list[tuple[str, Arm]]:

@@ -5,12 +5,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import math
 import re
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -217,7 +215,11 @@ def describe(hint: Any) -> str:
     """A type hint as the error and `--help` say it: int, a positive integer, one of a, b, list of str."""
     if hint in _DESCRIBED:
         return _DESCRIBED[hint]
+    if _is_spec(hint):
+        return "a name or a mapping"
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is list and args and _is_spec(args[0]):
+        return "a list of names or mappings"
     if origin is Literal:
         return "one of " + ", ".join(map(str, args))
     if origin in (typing.Union, types.UnionType):
@@ -282,6 +284,14 @@ def _check_value(key: str, hint: Any, value: Any) -> Any:
         Any,
     ):  # free-form (component specs, overlays): checked where they land
         return _mapping(value, key)
+    if origin is list and isinstance(value, list) and args and _is_spec(args[0]):
+        return [_check_value(f"{key}[{i}]", args[0], item) for i, item in enumerate(value)]
+    if _is_spec(hint):
+        if isinstance(value, str):
+            return value
+        if isinstance(value, Mapping):  # its options are checked where it is built (ablate.core.registry)
+            return _mapping(value, key)
+        raise UserError(f"{key}: expected a name or a mapping, got {value!r} ({type(value).__name__})")
     if origin is list and args == (Any,) and isinstance(value, list):
         return list(value)
     if _strict(hint, value):
@@ -293,6 +303,12 @@ def _check_value(key: str, hint: Any, value: Any) -> Any:
     if typing.get_origin(hint) is Literal:
         raise UserError(f"{key}: {value!r} is not one of {', '.join(map(str, typing.get_args(hint)))}")
     raise UserError(f"{key}: expected {describe(hint)}, got {value!r} ({type(value).__name__})")
+
+
+def _is_spec(hint: Any) -> bool:
+    """A component's spec, `str | dict[str, Any]` (ablate.core.registry.Spec): a name or a mapping whose
+    options are checked where the component is built."""
+    return typing.get_origin(hint) is types.UnionType and typing.get_args(hint) == (str, dict[str, Any])
 
 
 def _plain(value: Any) -> Any:
@@ -356,179 +372,3 @@ def safe_name(key: str, value: Any) -> str:
             "(starting with a letter or digit, no '..', at most 64 characters)"
         )
     return value
-
-
-# Lightning strategies that start processes by spawning/forking the caller: ablate launches ranks itself.
-SPAWNING_STRATEGIES = ("ddp_spawn", "ddp_fork", "ddp_notebook", "ddp_spawn_find_unused_parameters_true")
-
-
-def cooldown_steps_of(steps: int, cooldown_fraction: float) -> int:
-    """wsd: optimizer steps of the cooldown of a `steps`-step run: its last `cooldown_fraction`, rounded."""
-    return round(cooldown_fraction * steps)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """The recipe's `train:` section. Defaults are the paper's Appendix E where it states them.
-
-    Attributes:
-        seq_len: tokens per training sequence
-        batch_tokens: tokens per optimizer step (all devices, all accumulation steps)
-        micro_batch_size: sequences per forward pass on one device
-        steps: optimizer steps
-        lr: peak learning rate (AdamW)
-        betas: AdamW betas (Appendix E: 0.9, 0.98)
-        eps: AdamW epsilon (not stated in the paper: PyTorch's default)
-        weight_decay: AdamW weight decay (Appendix E)
-        warmup_steps: linear warmup steps (Appendix E)
-        min_lr: the decay (linear, or wsd's cooldown) ends at this learning rate
-        schedule: linear (warmup, then linear decay to min_lr: the paper's) or wsd (warmup, constant,
-            cooldown over the last cooldown_fraction of the steps: Hägele et al. 2024, arXiv 2405.18392)
-        cooldown_fraction: wsd: the share of the steps that cools down
-        cooldown_shape: wsd: linear, or sqrt (lr falls as 1 - sqrt(t), Hägele et al.)
-        grad_clip: gradient-norm clipping (not stated in the paper: the common choice)
-        precision: Lightning precision
-        val_every: optimizer steps between validations (and checkpoints)
-        val_batches: micro-batches in the fixed held-out set
-        log_every: optimizer steps between logged training metrics
-        compile: run the model under torch.compile
-        deterministic: ask PyTorch for deterministic kernels
-        accelerator: Lightning accelerator (auto, cpu, gpu, ...)
-        devices: devices per node (several: DDP, started by ablate itself)
-        num_nodes: nodes (several: run the same command on each, see docs/scaling-out.md)
-        strategy: Lightning strategy (auto or ddp)
-    """
-
-    seq_len: int
-    batch_tokens: int
-    micro_batch_size: int
-    steps: int
-    lr: float
-    betas: tuple[float, float] = (0.9, 0.98)  # Appendix E
-    eps: float = 1e-8
-    weight_decay: float = 0.05  # Appendix E
-    warmup_steps: int = 375  # Appendix E
-    min_lr: float = 0.0  # linear decay to this (Appendix E: "linear rate decay")
-    schedule: Literal["linear", "wsd"] = "linear"  # Appendix E: linear; wsd makes every budget a branch
-    cooldown_fraction: float = 0.2  # Hägele et al. 2024: 20% of the run is enough to match a cosine
-    cooldown_shape: Literal["linear", "sqrt"] = "linear"
-    grad_clip: float = 1.0  # not stated in the paper: the common choice
-    precision: Precision = (
-        "auto"  # bf16-mixed where the device runs bf16 natively, else 32-true (ablate.hardware.precision)
-    )
-    val_every: int = 1000  # optimizer steps between validations (and checkpoints)
-    val_batches: int = 16  # micro-batches in the fixed held-out set
-    log_every: int = 10
-    compile: bool = False
-    deterministic: bool = False
-    accelerator: str = "auto"
-    devices: int = 1
-    num_nodes: int = 1
-    strategy: str = "auto"
-
-    def __post_init__(self) -> None:
-        for name in (
-            "seq_len",
-            "batch_tokens",
-            "micro_batch_size",
-            "steps",
-            "val_every",
-            "val_batches",
-            "log_every",
-            "devices",
-            "num_nodes",
-        ):
-            if getattr(self, name) <= 0:
-                raise UserError(f"train.{name}: must be positive, got {getattr(self, name)}")
-        if not 0 < self.lr < math.inf:
-            raise UserError(f"train.lr: must be a positive number, got {self.lr}")
-        for name in (
-            "eps",
-            "weight_decay",
-            "min_lr",
-            "grad_clip",
-            "warmup_steps",
-        ):  # what AdamW/LambdaLR accept
-            if not 0 <= getattr(self, name) < math.inf:
-                raise UserError(f"train.{name}: must be a non-negative number, got {getattr(self, name)}")
-        if not 0 < self.cooldown_fraction <= 1:
-            raise UserError(f"train.cooldown_fraction: must be in (0, 1], got {self.cooldown_fraction}")
-        if self.schedule == "wsd" and self.cooldown_steps < 1:
-            raise UserError(
-                f"train.cooldown_fraction: {self.cooldown_fraction} of {self.steps} steps rounds to no "
-                "cooldown step; raise it or train more steps"
-            )
-        if not all(0 <= beta < 1 for beta in self.betas):
-            raise UserError(f"train.betas: each must be in [0, 1), got {list(self.betas)}")
-        if self.strategy in SPAWNING_STRATEGIES:
-            raise UserError(
-                f"train.strategy: {self.strategy!r} is not supported; use ddp (ablate starts one "
-                "process per device itself, see ablate/train/launch.py)"
-            )
-        world = self.devices * self.num_nodes
-        if world > 1 and self.val_batches < world:
-            raise UserError(
-                f"train.val_batches: {self.val_batches} is fewer than devices x num_nodes = {world}; "
-                "every rank validates a share of the held-out batches"
-            )
-        per_pass = self.seq_len * self.micro_batch_size * self.devices * self.num_nodes
-        if self.batch_tokens % per_pass:
-            raise UserError(
-                f"train.batch_tokens: {self.batch_tokens} is not a multiple of seq_len x micro_batch_size x "
-                f"devices x num_nodes = {per_pass}"
-            )
-
-    @property
-    def accumulate(self) -> int:
-        """Micro-batches per optimizer step on each device."""
-        return self.batch_tokens // (self.seq_len * self.micro_batch_size * self.devices * self.num_nodes)
-
-    @property
-    def tokens(self) -> int:
-        return self.steps * self.batch_tokens
-
-    @property
-    def cooldown_steps(self) -> int:
-        """wsd: optimizer steps of the cooldown (`cooldown_steps_of`)."""
-        return cooldown_steps_of(self.steps, self.cooldown_fraction)
-
-    @property
-    def cooldown_start(self) -> int:
-        """wsd: the first step of the cooldown; before it the lr does not depend on `steps`, so a longer
-        run's state at this step is this run's state at this step (the branch point of a budget)."""
-        return self.steps - self.cooldown_steps
-
-
-# Train keys added after runs were first keyed, with their defaults: a run at the defaults hashes as before
-# (ablate.recipe.resolve.RunSpec.key), so studies made before the key existed keep their run keys.
-KEYS_ADDED_LATER = {"schedule": "linear", "cooldown_fraction": 0.2, "cooldown_shape": "linear"}
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """The recipe's `tolerance:` section: how far a variant's budget may be from the first row's.
-
-    Attributes:
-        params: largest relative difference in parameters
-        flops: largest relative difference in forward FLOPs per token
-    """
-
-    params: NonNegativeFloat = 0.02
-    flops: NonNegativeFloat = 0.02
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """The recipe's `eval:` section: the probes run on a finished run's checkpoint (scales may overlay it).
-
-    Attributes:
-        probes: probe components (kind probe): a name, {name: ..., <options>} or {class_path, init_args}
-        tokens: held-out tokens each probe reads (the paper's 0.4M)
-        checkpoint: which checkpoint of a run to evaluate
-        after_trial: evaluate every trial of a sweep as soon as it finishes
-    """
-
-    probes: list[Any] = dataclasses.field(default_factory=lambda: ["outliers", "quantization"])
-    tokens: PositiveInt = 409600
-    checkpoint: Literal["best", "last"] = "best"
-    after_trial: bool = False

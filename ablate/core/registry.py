@@ -32,6 +32,10 @@ ENTRY_POINT_GROUP = "ablate.components"
 
 _REGISTRY: dict[str, dict[str, type]] = {kind: {} for kind in KINDS}
 
+# How a recipe names a component (module docstring): its registered name, or a mapping with `name` and its
+# options, or jsonargparse's `class_path` and `init_args`. The type of every config field that holds one.
+Spec = str | dict[str, Any]
+
 
 @dataclass(frozen=True)
 class Entry:

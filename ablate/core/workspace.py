@@ -3,7 +3,7 @@
 Every path under `--workspace` is named here, once, so the layers that train, tokenise, log and store
 ask this value where things go instead of joining folder names to a loose path:
 
-    <root>/runs/<experiment>/<run>-<key>/     one run: checkpoints, result.json (ablate.train.loop)
+    <root>/runs/<experiment>/<run>-<key>/     one run: checkpoints, result.json (ablate.train.resume, .records)
     <root>/runs/<experiment>/stable/<...>/    the stable phase a budgeted study keeps (ablate.train.branches)
     <root>/cache/tokens/<tokenizer>-<key>/    a corpus tokenised once (ablate.data.tokens)
     <root>/cache/tokenizers/<file>.json       a trained BPE (ablate.data.tokenizers)

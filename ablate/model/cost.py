@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ablate.core import contract, registry
-from ablate.model.decoder import ModelConfig, build_model
+from ablate.model.config import ModelConfig
+from ablate.model.decoder import build_model
 
 
 @dataclass(frozen=True)

@@ -23,76 +23,19 @@ Initialisation (`DecoderLM.reset_parameters(seed)`), written down because paired
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from jsonargparse.typing import PositiveInt
 from torch import nn
 
 from ablate.core import contract, registry
-from ablate.core.config import load_section
 from ablate.core.errors import UserError
 from ablate.model import parametrization as param
-
-# Model keys added after runs were recorded: a run's key counts them only away from these defaults, so a
-# run recorded before them keeps its key (ablate.recipe.resolve.RunSpec.identity).
-MODEL_KEYS_ADDED_LATER = {"parametrization": "standard"}
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The recipe's `model:` section, every default explicit.
-
-    Attributes:
-        vocab_size: token vocabulary size (the data's tokenizer must fit in it)
-        d_model: residual stream width
-        n_layers: decoder blocks
-        head_dim: the Transformer's head dimension d (Table 6 / Table 10); attentions derive heads from it
-        attention: attention component (kind attention): a name, {name: ..., <options>} or class_path/init_args
-        norm: norm component (kind norm) for the block and final norms
-        ffn: feed-forward component (kind ffn)
-        position: position component (kind position)
-        attention_backend: how attention runs (math, sdpa, sdpa_padded, blockwise, blocks, flash_attn, triton, auto)
-        tie_embeddings: share the embedding and LM-head matrices
-        init_std: standard deviation of the matrices' initialisation (GPT-2 / LLaMA 0.02)
-        zero_init_residual: residual output projections start at zero (every variant starts as the same function)
-        parametrization: standard, or mup with its base shape: {name: mup, base_d_model, base_head_dim,
-            base_n_layers, depth: none | completep} (ablate.model.parametrization)
-    """
-
-    vocab_size: PositiveInt
-    d_model: PositiveInt
-    n_layers: PositiveInt
-    head_dim: PositiveInt
-    attention: Any = "softmax"
-    norm: Any = "rmsnorm"
-    ffn: Any = "swiglu"
-    position: Any = field(default_factory=lambda: {"name": "rope", "style": "interleaved"})
-    attention_backend: str = "auto"
-    tie_embeddings: bool = False
-    init_std: float = 0.02
-    zero_init_residual: bool = True
-    parametrization: Any = "standard"
-
-    def __post_init__(self) -> None:
-        if self.d_model % self.head_dim:
-            raise UserError(f"model.head_dim: {self.head_dim} does not divide d_model {self.d_model}")
-        checked = param.parse(
-            self.parametrization, d_model=self.d_model, head_dim=self.head_dim, n_layers=self.n_layers
-        )
-        object.__setattr__(self, "parametrization", param.as_spec(checked))
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any], key: str = "model") -> ModelConfig:
-        """The section's types checked by jsonargparse (`ablate.core.config.load_section`)."""
-        return load_section(cls, raw, key, what="model key")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+from ablate.model.config import ModelConfig
 
 
 class Block(nn.Module):
@@ -139,9 +82,7 @@ class DecoderLM(nn.Module):
         if not isinstance(config, ModelConfig):
             config = ModelConfig.from_dict(config)
         self.config = config
-        self.parametrization = param.parse(
-            config.parametrization, d_model=config.d_model, head_dim=config.head_dim, n_layers=config.n_layers
-        )
+        self.parametrization = config.parsed_parametrization
         mults = param.multipliers(
             self.parametrization, d_model=config.d_model, head_dim=config.head_dim, n_layers=config.n_layers
         )
@@ -197,6 +138,12 @@ class DecoderLM(nn.Module):
             total += contract.component_flops(module, seq_len, self.config.d_model)[0]
         return total
 
+    @functools.cached_property
+    def mup_basis(self) -> param.Basis:
+        """What μP's rules read of this model (mup only): every parameter's role and its shape in the base
+        model, built once per model on `meta` (ablate.model.parametrization.basis)."""
+        return param.basis(self, self.parametrization)
+
     @torch.no_grad()
     def reset_parameters(self, seed: int) -> None:
         """Initialise every parameter as the module docstring says, from `seed`."""
@@ -209,9 +156,7 @@ class DecoderLM(nn.Module):
         std = self.config.init_std
         p = self.parametrization
         scales = (
-            {n: r.init for n, r in param.rules(self, param.base_model(self, p), p, eps=1.0).items()}
-            if p.mup
-            else {}
+            {n: r.init for n, r in param.rules(self, self.mup_basis, p, eps=1.0).items()} if p.mup else {}
         )
         depth = p.base_n_layers if p.mup and p.depth == "completep" else self.config.n_layers
         for name, weight in self.named_parameters():

@@ -199,15 +199,28 @@ def roles(model: nn.Module) -> dict[str, str]:
     return out
 
 
-def rules(model: nn.Module, base: nn.Module, p: Parametrization, *, eps: float) -> dict[str, Rule]:
-    """Every parameter's `Rule` under `p` (mup), from its declared role and its fan-in against `base`,
-    the same model built at the base width (any device, meta included)."""
+@dataclass(frozen=True)
+class Basis:
+    """What the rules read of a model: every parameter's role and its shape in the base model."""
+
+    roles: dict[str, str]
+    base_shapes: dict[str, tuple[int, ...]]
+
+
+def basis(model: nn.Module, p: Parametrization) -> Basis:
+    """`model`'s `Basis` under `p` (mup): its declared roles, and the base model built once on `meta`."""
+    return Basis(roles(model), {n: tuple(t.shape) for n, t in base_model(model, p).named_parameters()})
+
+
+def rules(model: nn.Module, found: Basis, p: Parametrization, *, eps: float) -> dict[str, Rule]:
+    """Every parameter's `Rule` under `p` (mup), from its declared role and its fan-in against the base
+    model's (`found`: `basis(model, p)`, which a `DecoderLM` keeps as `mup_basis`)."""
     cfg = model.config
     m_n = cfg.d_model / p.base_d_model
     m_l = cfg.n_layers / p.base_n_layers if p.depth == "completep" else 1.0
-    base_shapes = {n: tuple(t.shape) for n, t in base.named_parameters()}
+    base_shapes = found.base_shapes
     out = {}
-    for name, role in roles(model).items():
+    for name, role in found.roles.items():
         shape = tuple(model.get_parameter(name).shape)
         ratio = _fan_in(shape) / _fan_in(base_shapes[name]) if name in base_shapes else 1.0
         in_block = name.startswith("blocks.")
@@ -248,7 +261,7 @@ def param_groups(model: nn.Module, *, lr: float, weight_decay: float, eps: float
         decay = [q for q in model.parameters() if q.ndim >= 2]
         no_decay = [q for q in model.parameters() if q.ndim < 2]
         return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    found = rules(model, base_model(model, p), p, eps=eps)
+    found = rules(model, model.mup_basis, p, eps=eps)
     groups: dict[tuple[float, float, float], dict[str, Any]] = {}
     for name, param in model.named_parameters():
         r = found[name]

@@ -149,7 +149,7 @@ def load_model(run: RunSpec, workspace: Workspace, checkpoint: str):
     import torch
 
     from ablate.model.decoder import build_model
-    from ablate.train.loop import run_dir
+    from ablate.train.resume import run_dir
 
     path = run_dir(workspace, run) / "checkpoints" / f"{checkpoint}.ckpt"
     if not path.is_file():

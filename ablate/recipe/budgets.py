@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from jsonargparse.typing import PositiveInt
 
-from ablate.core.config import TrainConfig
 from ablate.core.errors import UserError
+from ablate.train.config import TrainConfig
 
 
 @dataclass(frozen=True)

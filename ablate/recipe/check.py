@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ablate.core import contract, registry
-from ablate.core.config import Tolerance
 from ablate.core.tables import markdown_table, si
+from ablate.model.config import ModelConfig
 from ablate.model.cost import Cost, attention_shape, model_cost, relative_deviation
-from ablate.model.decoder import ModelConfig
+from ablate.recipe.matching import Tolerance
 from ablate.recipe.resolve import Recipe, RunSpec
 
 KINDS = ("attention", "ffn", "norm")  # the model's components, as `model.<kind>` names them

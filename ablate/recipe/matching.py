@@ -21,13 +21,29 @@ import copy
 import inspect
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from jsonargparse.typing import NonNegativeFloat
 
 from ablate.core import registry
 from ablate.core.errors import UserError
 
 MATCH_ON = ("params", "flops")
 COMPONENTS = ("attention", "norm", "ffn", "position")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The recipe's `tolerance:` section: how far a variant's budget may be from the first row's.
+
+    Attributes:
+        params: largest relative difference in parameters
+        flops: largest relative difference in forward FLOPs per token
+    """
+
+    params: NonNegativeFloat = 0.02
+    flops: NonNegativeFloat = 0.02
 
 
 def solve_matches(

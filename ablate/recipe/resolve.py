@@ -46,10 +46,6 @@ from jsonargparse.typing import NonNegativeInt
 from ablate.core import registry
 from ablate.core.config import (
     COMPONENT_KEYS,
-    KEYS_ADDED_LATER,
-    EvalConfig,
-    Tolerance,
-    TrainConfig,
     YamlTooLarge,
     deep_merge,
     load_section,
@@ -63,9 +59,11 @@ from ablate.core.launcher import LauncherConfig
 from ablate.data.config import DataConfig, parse_data_config
 from ablate.data.task_batches import build_task, check_fits
 from ablate.data.tokenizers import vocab_size_of
-from ablate.model.decoder import MODEL_KEYS_ADDED_LATER, ModelConfig
+from ablate.model.config import MODEL_KEYS_ADDED_LATER, ModelConfig
+from ablate.probes.config import EvalConfig
 from ablate.recipe.budgets import Budgets, budget_steps
-from ablate.recipe.matching import solve_matches
+from ablate.recipe.matching import Tolerance, solve_matches
+from ablate.train.config import TRAIN_KEYS_ADDED_LATER, TrainConfig
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECTIONS = ("model", "train", "data")
@@ -154,8 +152,8 @@ class Base:
     """The recipe's base sections, shared by every variant.
 
     Attributes:
-        model: the model section (see ablate.model.decoder.ModelConfig)
-        train: the train section (see ablate.core.config.TrainConfig)
+        model: the model section (see ablate.model.config.ModelConfig)
+        train: the train section (see ablate.train.config.TrainConfig)
         data: the data section (see ablate.data.config.DataConfig); null: every default
     """
 
@@ -247,8 +245,8 @@ class RunSpec:
         train = {
             k: v
             for k, v in self.config["train"].items()
-            if k not in without and (k not in KEYS_ADDED_LATER or v != KEYS_ADDED_LATER[k])
-        }  # keys added later count only away from their defaults (ablate.core.config.KEYS_ADDED_LATER)
+            if k not in without and (k not in TRAIN_KEYS_ADDED_LATER or v != TRAIN_KEYS_ADDED_LATER[k])
+        }  # keys added later count only away from their defaults (ablate.train.config.TRAIN_KEYS_ADDED_LATER)
         data = {k: v for k, v in self.config["data"].items() if k != "repeat"}  # a permission, not the data
         model = {
             k: v

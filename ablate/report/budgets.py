@@ -406,7 +406,7 @@ def time_rows(study: Any, records: list[Any], seconds: dict[str, float]) -> list
 def cooldown_steps(record: Any, steps: int) -> int:
     """The cooldown of a budget of `steps` steps under the fraction the run recorded: what a study trained
     from step 0 trains for a budget below its largest."""
-    from ablate.core.config import TrainConfig, cooldown_steps_of
+    from ablate.train.config import TrainConfig, cooldown_steps_of
 
     fraction = float(record.params.get("train.cooldown_fraction", TrainConfig.cooldown_fraction))
     return cooldown_steps_of(steps, fraction)

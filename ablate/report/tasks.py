@@ -1,6 +1,6 @@
 """The report of a sweep whose data is a task: Table 2-, Table 3- and Figure 5-style outputs.
 
-Reads the finished runs' final metrics from MLflow (what `ablate.train.loop` logged for a task); never builds a
+Reads the finished runs' final metrics from MLflow (what `ablate.train.records` logged for a task); never builds a
 model. Writes into the sweep's report folder, beside `table.md`:
 
 - `task_accuracy.md` / `.csv`: exact-match accuracy per level (the cells' first tag: `level` for

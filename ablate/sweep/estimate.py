@@ -87,7 +87,7 @@ def trained_tokens(run: RunSpec, workspace: Workspace | None = None) -> int:
     if workspace is None:
         return sum(len(own_steps(run, part)) for part in (run, *run.branches())) * run.train.batch_tokens
     from ablate.train.branches import stable_checkpoint
-    from ablate.train.loop import run_dir
+    from ablate.train.resume import run_dir
 
     def done(r: RunSpec) -> bool:
         return (run_dir(workspace, r) / "result.json").exists()

@@ -112,7 +112,7 @@ def run_trial(
     import optuna
 
     from ablate.train.branches import train_budgets
-    from ablate.train.loop import Diverged
+    from ablate.train.module import Diverged
     from ablate.train.pruning import PruningCallback
 
     plan = trial_plan(trial)

@@ -56,8 +56,9 @@ from ablate.core.registry import closest
 from ablate.core.tables import format_seconds, markdown_table
 from ablate.hardware.device import CpuOps, DeviceOps
 from ablate.hardware.precision import autocast
+from ablate.model.config import ModelConfig
 from ablate.model.cost import model_cost
-from ablate.model.decoder import ModelConfig, attention_kernel, build_model
+from ablate.model.decoder import attention_kernel, build_model
 from ablate.train.bench_defaults import (  # noqa: F401 (the bench's defaults, read through this module too)
     PEAK_BUDGET_S,
     PEAK_MAX_SIZE,

@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import lightning.pytorch as L
 
@@ -28,7 +28,9 @@ from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import RunSpec
 from ablate.store import tracking
 from ablate.store.stores import Stores
-from ablate.train.loop import TrainResult, run_dir, train_run
+from ablate.train.loop import TrainOptions, train_run
+from ablate.train.records import TrainResult
+from ablate.train.resume import run_dir
 
 
 class BranchPoints(L.Callback):
@@ -144,21 +146,17 @@ def train_budgets(
     run: RunSpec,
     stores: Stores,
     *,
-    parent_run_id: str | None = None,
-    progress: bool = True,
-    extra_tags: dict[str, str] | None = None,
-    callbacks: list[L.Callback] | None = None,
     every_run_callbacks: list[L.Callback] | None = None,
     on_result: Any = None,
-    folder_wait: float = 0.0,
+    **options: Unpack[TrainOptions],
 ) -> list[TrainResult]:
     """Train `run` to its largest budget, then each smaller budget's cooldown from its branch point.
 
     Returns the results, longest first; `on_result(run, result)` is called as each one finishes (the sweep
-    records it in the trial at once). A run without budgets is just trained. `callbacks` go to the longest
-    run only (a pruner reports its steps once); `every_run_callbacks` to every run, branches included (the
-    sweep's check that its trial was not handed to another worker). `folder_wait`: how long to wait for
-    another process training a run folder to stop (train_run)."""
+    records it in the trial at once). A run without budgets is just trained. `options` are `train_run`'s
+    for every run; its `callbacks` go to the longest run only (a pruner reports its steps once),
+    `every_run_callbacks` to every run, branches included (the sweep's check that its trial was not handed
+    to another worker)."""
     workspace = stores.workspace
     branches = run.branches()
     paths: dict[int, list[Path]] = {}
@@ -168,18 +166,19 @@ def train_budgets(
         stable = stable_folder(workspace, run) / f"step-{run.train.cooldown_start}.ckpt"
         paths.setdefault(run.train.cooldown_start, []).append(stable)
     continued = _continue_from_stable(workspace, run) if branches else {}
+    extra_tags = options.get("extra_tags") or {}
     longest = train_run(
         run,
         stores,
-        parent_run_id=parent_run_id,
-        progress=progress,
-        extra_tags={**(extra_tags or {}), **(budget_tags(run) if branches else {}), **continued},
-        callbacks=[
-            *(callbacks or []),
-            *(every_run_callbacks or []),
-            *([BranchPoints(paths)] if branches else []),
-        ],
-        folder_wait=folder_wait,
+        **{
+            **options,
+            "extra_tags": {**extra_tags, **(budget_tags(run) if branches else {}), **continued},
+            "callbacks": [
+                *(options.get("callbacks") or []),
+                *(every_run_callbacks or []),
+                *([BranchPoints(paths)] if branches else []),
+            ],
+        },
     )
     if branches:
         _keep_latest(workspace, run, longest.run_id)
@@ -194,19 +193,14 @@ def train_budgets(
                 "training the budget from step 0",
                 flush=True,
             )
+        tags = {
+            **extra_tags,
+            **budget_tags(branch),
+            "ablate.branched_from": longest.run_id,
+            "ablate.branch_step": str(branch.train.cooldown_start),
+        }
         result = train_run(
-            branch,
-            stores,
-            parent_run_id=parent_run_id,
-            progress=progress,
-            extra_tags={
-                **(extra_tags or {}),
-                **budget_tags(branch),
-                "ablate.branched_from": longest.run_id,
-                "ablate.branch_step": str(branch.train.cooldown_start),
-            },
-            callbacks=list(every_run_callbacks or []),
-            folder_wait=folder_wait,
+            branch, stores, **{**options, "extra_tags": tags, "callbacks": list(every_run_callbacks or [])}
         )
         results.append(result)
         if on_result:

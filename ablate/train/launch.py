@@ -8,7 +8,7 @@ the processes exist (a cluster environment that `creates_processes_externally`).
 Why not Lightning's own launchers: `ddp` re-runs the command line (`sys.argv`) once per device, which
 in a sweep worker claims other trials and under pytest re-runs the tests; `ddp_spawn`/`ddp_fork`
 pickle or fork the module and give the caller back neither its history nor its step count.
-So those are refused (ablate.core.config.SPAWNING_STRATEGIES); `auto` with several devices means `ddp`.
+So those are refused (ablate.train.config.SPAWNING_STRATEGIES); `auto` with several devices means `ddp`.
 
 Multi-node: run the same `ablate train` command on every node with MASTER_ADDR, MASTER_PORT and NODE_RANK
 set (Lightning's convention). Global rank 0 (node 0, local rank 0) is the only process that writes to

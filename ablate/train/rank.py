@@ -15,7 +15,8 @@ from pathlib import Path
 from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import RunSpec
 from ablate.train.launch import exit_with_parent
-from ablate.train.loop import Diverged, train_rank
+from ablate.train.loop import train_rank
+from ablate.train.module import Diverged
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,6 @@
 """A run's training time across its attempts: the seconds of earlier attempts travel in its checkpoints.
 
-A run that is killed resumes from its last checkpoint (ablate.train.loop), and the Trainer's clock of the
+A run that is killed resumes from its last checkpoint (ablate.train.resume), and the Trainer's clock of the
 attempt that finishes it counts only that attempt. `TrainingClock` is a Lightning callback whose state,
 saved in every checkpoint, is the run's training seconds so far, so the attempt that resumes from a
 checkpoint knows what the earlier ones spent up to it. Time an attempt spent after its last checkpoint is

@@ -8,7 +8,7 @@ import types
 
 import torch
 
-from ablate.train.loop import compile_seconds
+from ablate.train.module import compile_seconds
 from ablate.train.progress import StepProgress, progress_line
 
 

@@ -2,8 +2,10 @@
 
 Every `import` in the engine (module level or inside a function: a lazy import is still a dependency) is
 read with `ast`; `from pkg import name` counts as importing the module `pkg.name` where that is a module.
-Four rules:
+Five rules:
 - a sub-package imports its own modules or those of a sub-package below it, never one above (`LAYERS`);
+- but a layer's typed recipe section sits beside its owner, in `ablate/<layer>/config.py`, and any layer
+  may import it (the recipe resolves every section): such a config module imports only `ablate.core`;
 - some layers never import some below them either (`NEVER`): the sweep hands its workers an after-trial
   callback and its verb writes the report, so the sweep library knows neither probes nor reports; probes
   are measurements, reports read them; training names no component (it builds what the registry holds);
@@ -156,9 +158,22 @@ def _path_around(start: str, component: set[str], edges: dict[str, dict[str, int
     raise AssertionError(f"{start}: no path back inside its circle")
 
 
+def is_config(module: str) -> bool:
+    """`ablate.<layer>.config`: a layer's typed recipe section, which any layer may import."""
+    parts = module.split(".")
+    return len(parts) == 3 and parts[2] == "config"
+
+
 def violations(root: Path = ROOT) -> list[str]:
     problems = []
     edges = graph(root)
+    imported_from_below = {
+        target
+        for module, imported in edges.items()
+        if module != "ablate"
+        for target in imported
+        if target != "ablate" and is_config(target) and layer_of(target) < layer_of(module)
+    }
     for module, imported in sorted(edges.items()):
         if module == "ablate":
             continue
@@ -168,7 +183,7 @@ def violations(root: Path = ROOT) -> list[str]:
         for target, line in sorted(imported.items()):
             if target == "ablate":
                 continue
-            if layer_of(target) < own:
+            if layer_of(target) < own and not is_config(target):
                 problems.append(
                     f"{path.relative_to(root)}:{line}: {module} ({LAYERS[own]}) imports {target} "
                     f"({LAYERS[layer_of(target)]}, above it)"
@@ -178,6 +193,13 @@ def violations(root: Path = ROOT) -> list[str]:
                     f"{path.relative_to(root)}:{line}: {module} ({LAYERS[own]}) imports {target}: "
                     f"{LAYERS[own]} never imports {LAYERS[layer_of(target)]}"
                 )
+        if module in imported_from_below:
+            problems += [
+                f"{path.relative_to(root)}:{line}: {module} imports {target}; a config module that a lower "
+                "layer imports imports only ablate.core"
+                for target, line in sorted(imported.items())
+                if layer_of(target) != LAYERS.index("core")
+            ]
         for line, target in component_imports(path):
             if (LAYERS[own], "components") in NEVER:
                 problems.append(
@@ -238,6 +260,11 @@ def test_no_module_is_left_at_the_top_but_the_command_line():
             "ablate/train/bench.py",
             "from components.attention.backends import check_backend\n",
             "ablate.train.bench (train) imports components.attention.backends: train never imports components",
+        ),
+        (  # a config module that the recipe imports, importing more than ablate.core
+            "ablate/train/config.py",
+            "from ablate.train.launch import world_size\n",
+            "ablate.train.config imports ablate.train.launch; a config module that a lower layer imports",
         ),
         (  # a circle inside one layer: registry imports config, config errors; errors now imports registry
             "ablate/core/errors.py",

@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ablate.core.config import TrainConfig
 from ablate.core.errors import UserError
 from ablate.core.registry import load_plugins
 from ablate.model.decoder import build_model
-from ablate.train.loop import LMModule
+from ablate.train.config import TrainConfig
+from ablate.train.module import LMModule
 
 FIXTURE = Path(__file__).parent / "fixtures" / "standard_parametrization.json"
 ROWS = {

@@ -11,7 +11,7 @@ import pytest
 import torch
 from mini_project import write_recipe
 
-from ablate.core.config import PRECISIONS, TrainConfig
+from ablate.core.config import PRECISIONS
 from ablate.core.errors import UserError
 from ablate.hardware.precision import (
     ENV,
@@ -26,6 +26,7 @@ from ablate.hardware.precision import (
 )
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
+from ablate.train.config import TrainConfig
 from ablate.train.loop import train_run
 
 # Two logical CPUs each, flags lines as Linux prints them (shortened in the middle, the bf16 flags kept).

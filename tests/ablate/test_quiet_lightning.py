@@ -5,7 +5,7 @@ import warnings
 
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
-from ablate.train.loop import quiet_lightning
+from ablate.train.trainer import quiet_lightning
 
 
 def test_the_srun_hint_is_not_printed_where_slurm_is_installed(tmp_path, monkeypatch):

@@ -17,13 +17,15 @@ import lightning.pytorch as L
 import pytest
 from mini_project import run_cli, sweep_argv, write_recipe
 
-from ablate.core.config import TrainConfig
 from ablate.core.errors import UserError
 from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.branches import train_budgets
-from ablate.train.loop import lr_factor, run_dir, train_run
+from ablate.train.config import TrainConfig
+from ablate.train.loop import train_run
+from ablate.train.module import lr_factor
+from ablate.train.resume import run_dir
 
 
 def _train(**changes) -> TrainConfig:

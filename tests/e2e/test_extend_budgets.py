@@ -12,7 +12,7 @@ from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.branches import stable_folder
-from ablate.train.loop import run_dir
+from ablate.train.resume import run_dir
 
 WSD = dict(
     base__train__schedule="wsd",

@@ -121,7 +121,7 @@ FOLDER_HOLDER = """
 
 def test_two_processes_never_train_one_run_folder(tmp_path, capsys):
     from ablate.recipe.resolve import load_recipe
-    from ablate.train.loop import run_dir
+    from ablate.train.resume import run_dir
 
     recipe = write_recipe(tmp_path)
     workspace = tmp_path / "ws"
@@ -171,7 +171,7 @@ def test_a_worker_whose_trial_was_handed_away_stops_training_it(tmp_path, capsys
     from ablate.sweep.queue import claim_waiting, enqueue_missing
     from ablate.sweep.worker import parent_run_id, run_trial
     from ablate.train.folder_lock import training
-    from ablate.train.loop import run_dir
+    from ablate.train.resume import run_dir
 
     monkeypatch.setattr(queue, "HEARTBEAT_SECONDS", 0.2)  # the heartbeat looks five times a second
     recipe = write_recipe(tmp_path)

@@ -15,7 +15,8 @@ from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
 from ablate.sweep import preemption
-from ablate.train.loop import run_dir, train_run
+from ablate.train.loop import train_run
+from ablate.train.resume import run_dir
 
 pytestmark = pytest.mark.slow
 

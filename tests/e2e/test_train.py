@@ -15,7 +15,8 @@ from ablate.cli import main
 from ablate.recipe.resolve import load_recipe
 from ablate.store import tracking
 from ablate.store.stores import Stores
-from ablate.train.loop import lr_factor, train_run
+from ablate.train.loop import train_run
+from ablate.train.module import lr_factor
 
 
 def _run(recipe_path: Path, variant: str, overrides=(), seed: int = 0):
@@ -318,7 +319,7 @@ def test_the_kernel_auto_resolves_to_is_what_the_run_records():
     from dataclasses import replace
 
     from ablate.recipe.resolve import load_recipe
-    from ablate.train.loop import run_attention_kernel as attention_kernel
+    from ablate.train.records import run_attention_kernel as attention_kernel
     from components.attention import backends
 
     table6 = Path(__file__).resolve().parents[2] / "recipes" / "table6.yaml"

@@ -1,0 +1,233 @@
+"""The run's records: its MLflow run (tags, metrics, data, the final metrics, its end), its `result.json`,
+and the `TrainResult` that both hold.
+
+`result.json` is written atomically when training ended: a kill after it loses nothing, and a run that
+finds it is already finished (its MLflow bookkeeping completed if a kill came in between).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ablate.hardware.machine import machine_description
+from ablate.model.decoder import attention_kernel, build_model
+from ablate.recipe.resolve import RunSpec
+from ablate.store import tracking
+from ablate.train.trainer import Placement
+
+Sink = Callable[[dict[str, float], int], None]  # (metrics, step) -> logged; global rank 0 only
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    status: str  # finished | failed | already-finished
+    name: str
+    val_loss: float = float("nan")
+    ar_hit: float = float("nan")
+    others: float = float("nan")
+    ar_hit_share: float = float("nan")
+    mean_tokens_per_s: float = float(
+        "nan"
+    )  # the whole run's (compiling left out); MLflow's tokens_per_s is per log line
+    accuracy: float = float("nan")  # tasks: exact match on the held-out samples
+    steps: int = 0
+    seconds: float = 0.0
+    compile_seconds: float = 0.0  # of `seconds`, spent in torch.compile (`train.compile`)
+    # `seconds` is this attempt's; a resumed run's earlier attempts, up to its checkpoint, spent this more
+    earlier_attempts_seconds: float = 0.0  # (ablate.train.training_clock)
+    reason: str = ""
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        if self.status == "failed":
+            return f"{self.name}: FAILED ({self.reason}); MLflow run {self.run_id}"
+        if math.isfinite(self.accuracy):
+            return (
+                f"{self.name}: accuracy {self.accuracy:.3f}  answer loss {self.val_loss:.4f}  "
+                f"{self.mean_tokens_per_s:,.0f} tokens/s on average  {self.steps} steps in {self.seconds:.0f} s; MLflow run {self.run_id}"
+                + ("  [already finished]" if self.status == "already-finished" else "")
+            )
+        return (
+            f"{self.name}: val loss {self.val_loss:.4f}  AR-Hit {self.ar_hit:.4f}  Others {self.others:.4f}  "
+            f"(AR-Hit share {self.ar_hit_share:.1%})  {self.mean_tokens_per_s:,.0f} tokens/s on average  "
+            f"{self.steps} steps in {self.seconds:.0f} s{self._compiled()}; MLflow run {self.run_id}"
+            + ("  [already finished]" if self.status == "already-finished" else "")
+        )
+
+    def _compiled(self) -> str:
+        return f" ({self.compile_seconds:.0f} s of it compiling)" if self.compile_seconds > 0 else ""
+
+
+def finished_result(
+    run: RunSpec,
+    history: list[dict[str, float]],
+    *,
+    steps: int,
+    trained_steps: int,
+    seconds: float,
+    compiling: float,
+    earlier_seconds: float,
+) -> TrainResult:
+    """The result of a run that trained `trained_steps` of its `steps` in `seconds` (`compiling` of them in
+    torch.compile), its last validation `history[-1]`."""
+    final = history[-1]
+    return TrainResult(
+        run_id="",
+        status="finished",
+        name=run.name,
+        val_loss=final["val/loss"],
+        ar_hit=final.get("val/ar_hit", math.nan),
+        others=final.get("val/others", math.nan),
+        ar_hit_share=final.get("val/ar_hit_share", math.nan),
+        accuracy=final.get("val/accuracy", math.nan),
+        mean_tokens_per_s=trained_steps * run.train.batch_tokens / (seconds - compiling)
+        if seconds > compiling
+        else float("nan"),
+        steps=steps,
+        seconds=seconds,
+        compile_seconds=compiling,
+        earlier_attempts_seconds=earlier_seconds,
+        history=history,
+    )
+
+
+def run_tags(run: RunSpec, placement: Placement) -> dict[str, str]:
+    """The tags every run carries beside the recipe's: its shape and cost, where and how it trains."""
+    return {
+        **shape_tags(run),
+        "ablate.precision": placement.precision,
+        "ablate.precision_reason": placement.reason,
+        "ablate.attention_kernel": run_attention_kernel(run, placement.device, placement.precision),
+        "ablate.machine": machine_description(placement.device),
+    }
+
+
+def shape_tags(run: RunSpec) -> dict[str, str]:
+    """What the report's #heads / d / GN columns and the fits' parameter counts read from MLflow."""
+    from ablate.model.cost import attention_shape, model_cost
+
+    shape = attention_shape(run.model)
+    budget = model_cost(run.model, run.train.seq_len)
+    return {
+        "ablate.heads": str(shape["heads"]),
+        "ablate.head_width": str(shape["d"]),
+        "ablate.gn": shape["gn"],
+        "ablate.lambda_init": shape["lambda_init"],
+        "ablate.params": str(budget.params),
+        "ablate.non_embedding_params": str(budget.non_embedding_params),
+        "ablate.fwd_flops_per_token": str(budget.fwd_flops_per_token),
+        "ablate.tokens": str(run.train.tokens),
+    }
+
+
+def run_attention_kernel(run: RunSpec, device: str, precision: str) -> str:
+    """The attention core the run's layers use on `device` under `precision` (what `auto` resolves to,
+    which depends on the CPU kind as well as the dtype), so a rerun elsewhere is explainable from MLflow."""
+    from ablate.hardware.precision import compute_dtype
+
+    model = build_model(run.model, device="meta")
+    return attention_kernel(model, torch.device(device), compute_dtype(precision), seq_len=run.train.seq_len)
+
+
+def metric_sink(client: Any, run_id: str) -> Sink:
+    def sink(metrics: dict[str, float], step: int) -> None:
+        tracking.log_metrics(client, run_id, metrics, step)
+
+    return sink
+
+
+def record_data(client: Any, run_id: str, run: RunSpec, data: Any) -> None:
+    """The run's data as its MLflow record says it: `data.json`, and its passes over the training split."""
+    client.log_batch(run_id, params=[])  # fail fast if the store went away
+    tracking.log_text(client, run_id, json.dumps(data.describe(), indent=2), "data.json")
+    _record_passes(client, run_id, run, data)
+
+
+def _record_passes(client: Any, run_id: str, run: RunSpec, data: Any) -> None:
+    """Tag the run with its training split's tokens and its passes over them (ablate.data.passes), and
+    say so when it reads its text more than once. A task generates fresh samples: nothing to count."""
+    from ablate.core.tables import si
+    from ablate.data import passes
+
+    if not hasattr(data, "train"):
+        return
+    split = int(len(data.train))
+    p = passes.passes(run.train.tokens, split)
+    client.set_tag(run_id, passes.SPLIT_TAG, str(split))
+    client.set_tag(run_id, passes.PASSES_TAG, f"{p:.4f}")
+    if passes.repeats(p):
+        print(
+            f"{passes.REPEATS} {run.name}: {si(run.train.tokens)} tokens are {p:.2f} passes over the "
+            f"{si(split)} training tokens of {run.data.source}: it reads text again",
+            flush=True,
+        )
+
+
+def log_final_metrics(sink: Sink, result: TrainResult, *, compiled: bool) -> None:
+    sink({"mean_tokens_per_s": result.mean_tokens_per_s}, result.steps)
+    if compiled:  # the whole run's, validation's compiling included
+        sink({"compile_s": result.compile_seconds}, result.steps)
+
+
+def mark_failed(client: Any, run_id: str, reason: str) -> None:
+    client.set_tag(run_id, tracking.TAG + "failure_reason", reason)
+    client.set_terminated(run_id, status="FAILED")
+
+
+def already_finished(client: Any, run_id: str, state: str, folder: Path) -> TrainResult | None:
+    """The run's saved result if it finished before (its MLflow run then finished too), else None."""
+    saved = _saved_result(folder / "result.json")
+    if saved is None:
+        return None
+    if "tokens_per_s" in saved:  # written before the field said it is the run's mean
+        saved["mean_tokens_per_s"] = saved.pop("tokens_per_s")
+    done = TrainResult(**{**saved, "status": "already-finished", "run_id": run_id})
+    if state != "finished":  # killed between the result and the MLflow bookkeeping: finish that
+        finish_in_mlflow(client, run_id, done)
+    return done
+
+
+def write_result(folder: Path, result: TrainResult) -> None:
+    """`result.json`, written under another name and renamed: a kill leaves the old file or the new one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / "result.json.partial"
+    partial.write_text(json.dumps({k: v for k, v in asdict(result).items() if k not in ("status", "run_id")}))
+    partial.replace(folder / "result.json")
+
+
+def finish_in_mlflow(client: Any, run_id: str, result: TrainResult) -> None:
+    summary = {**{k: v for k, v in asdict(result).items() if k != "history"}, "status": "finished"}
+    tracking.log_json(client, run_id, summary, "final_metrics.json")
+    client.set_terminated(run_id, status="FINISHED")
+
+
+def _saved_result(path: Path) -> dict[str, Any] | None:
+    """The finished run's result.json, or None: none yet, or unreadable (a damaged disk, a hand edit), then
+    said in a line and kept as `result.json.unreadable`; the run then resumes from its last checkpoint,
+    which for a finished run is its last step, and writes the result again."""
+    if not path.exists():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+        if not isinstance(saved, dict):
+            raise ValueError(f"a {type(saved).__name__}, not an object")
+        for key in ("val_loss", "steps"):
+            if key not in saved:
+                raise ValueError(f"no {key}")
+        return saved
+    except (ValueError, UnicodeDecodeError) as e:
+        print(
+            f"[train] {path} cannot be read ({str(e).splitlines()[0][:100]}); kept as result.json.unreadable, "
+            "the run resumes from its last checkpoint to write it again",
+            flush=True,
+        )
+        path.replace(path.with_name("result.json.unreadable"))
+        return None
