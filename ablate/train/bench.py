@@ -8,7 +8,7 @@ equal work per step across lengths, and matrix products as tall as training's mi
   chooses for it (`auto`: bf16 autocast where the device runs bf16 natively, float32 elsewhere; an
   explicit `precision` overrides). The choice and its reason are printed and written into bench.md.
 - training throughput: forward + backward + AdamW step (fused implementation), in that precision, loss in
-  float32 (as `ablate.train.loop` computes it), tokens/s of wall-clock time (on CUDA, synchronised: see
+  float32 (as `ablate.train.module` computes it), tokens/s of wall-clock time (on CUDA, synchronised: see
   `ablate.hardware.device`).
 - forward throughput: the forward alone under `torch.no_grad()`, tokens/s.
 - peak memory: the peak of bytes held by PyTorch's allocator for the device during one training step,
