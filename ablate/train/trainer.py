@@ -142,15 +142,24 @@ class _SameRanks(L.Callback):
 
 
 def _disk_full(error: BaseException, checkpoint: Path) -> None:
-    """One line, not Lightning's traceback, when the disk filled while a checkpoint was written."""
+    """One line, not Lightning's traceback, when a checkpoint could not be written: a full disk, or any
+    other error of the write (a file size limit, a read-only or vanished folder, an I/O error)."""
     import errno
     import shutil
 
     text = str(error)
-    if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "file write failed" in text:
+    code = getattr(error, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT) or "file write failed" in text:
         free = shutil.disk_usage(checkpoint.parent).free if checkpoint.parent.exists() else 0
         raise UserError(
             f"checkpoint: the disk holding {checkpoint.parent} is full ({free / 2**20:.0f} MiB free) while "
             "a checkpoint was written; free some space and run again: the run resumes from its last whole "
+            "checkpoint"
+        ) from None
+    if isinstance(error, OSError) and code is not None:
+        why = {errno.EFBIG: "the file size limit (ulimit -f) is below one checkpoint"}.get(code, "")
+        raise UserError(
+            f"checkpoint: cannot write a checkpoint into {checkpoint.parent} ({error.strerror or code}"
+            f"{'; ' + why if why else ''}); fix that and run again: the run resumes from its last whole "
             "checkpoint"
         ) from None
