@@ -349,3 +349,30 @@ def test_a_standard_run_keeps_its_key():
     assert run.key == old_key
     mup = {**raw, "model": {**raw["model"], "parametrization": {"name": "mup", "base_d_model": 16}}}
     assert RunSpec.from_json(mup).key != old_key
+
+
+def test_mup_parses_once_and_builds_its_base_model_once(monkeypatch):
+    """The model's config parses `parametrization` (the base model's config parses its own); the model's
+    initialisation and its optimiser's groups share one base model on `meta`."""
+    from ablate.model import parametrization as param
+    from ablate.model.config import ModelConfig
+
+    calls = {"parse": 0, "base_model": 0}
+
+    def counted(name):
+        real = getattr(param, name)
+
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(param, name, call)
+
+    counted("parse")
+    counted("base_model")
+    config = ModelConfig(**tiny({"name": "softmax"}, parametrization={"name": "mup", "base_d_model": 16}))
+    assert calls == {"parse": 1, "base_model": 0}
+    model = build_model(config, seed=0)
+    LMModule(model, CFG, None).configure_optimizers()
+    LMModule(model, CFG, None).configure_optimizers()
+    assert calls == {"parse": 2, "base_model": 1}  # the second parse: the base model's own config
