@@ -41,18 +41,19 @@ if TYPE_CHECKING:
     from ablate.store.study import SweepContext
 
 
-def write_report(ctx: SweepContext, study: Any, folder: Path) -> Path:
+def write_report(ctx: SweepContext, study: Any, folder: Path, compare_with: list[str] | None = None) -> Path:
     """Write the report folder as a whole (ablate.report.folder: a reader sees the old one or the new one),
-    then attach it to the study's MLflow run."""
+    then attach it to the study's MLflow run; `compare_with`: report folders to set the runs beside
+    (ablate.report.compare_runs)."""
     with writing(folder, "ablate report") as into:
-        shown = _write_files(ctx, study, into)
+        shown = _write_files(ctx, study, into, compare_with or [])
     if not ctx.stores.from_export:
         _attach(ctx, study, folder)
     print(f"[report] {folder / 'table.md'}\n\n" + shown, flush=True)
     return folder
 
 
-def _write_files(ctx: SweepContext, study: Any, folder: Path) -> str:
+def _write_files(ctx: SweepContext, study: Any, folder: Path, compare_with: list[str]) -> str:
     """Every file of the report into `folder`; returns what the verb prints below the table's path."""
     records = collect(ctx, study)
     all_records = records
@@ -123,9 +124,14 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path) -> str:
         from ablate.report.budgets import write_budget_report
 
         more += write_budget_report(ctx, study, collect(ctx, study, with_curves=False, budgets=True), folder)
+    if compare_with:  # this report's runs beside another folder's (ablate.report.compare_runs)
+        from ablate.report.compare_runs import write_comparisons
+
+        more += write_comparisons(folder, ctx.stores.client(), compare_with)
     from_export = ctx.stores.from_export
     if not from_export:  # the runs behind every file above, so `ablate report --from` rebuilds them
-        write_export(ctx.stores.client(), study, export_settings(ctx), folder)
+        settings = export_settings(ctx) | ({"compare_with": compare_with} if compare_with else {})
+        write_export(ctx.stores.client(), study, settings, folder)
     shown = f"; the table shows each variant's best, {len(records)} runs" if chosen else ""
     header = (
         f"# How this report was made\n\n- command: `{study_command(study)}`\n- recipe: `{ctx.recipe.path}` (scale `{ctx.scale}`, "
@@ -193,7 +199,7 @@ def rebuild_report(folder: Path) -> Path:
         grace_period=settings["grace_period"],
         progress=False,
     )
-    return write_report(ctx, exported_study(folder), folder)
+    return write_report(ctx, exported_study(folder), folder, settings.get("compare_with"))
 
 
 def exported_recipe(settings: dict[str, Any]) -> Any:

@@ -191,7 +191,7 @@ def relative_inside(value: Any) -> bool:
 
 def check_settings(settings: Any, where: Path) -> None:
     """An export is data, never code: `--from` takes from it only the recipe path (relative, inside this
-    checkout), the search spec's and a grid fit's compared folder's, the scale, the seeds, and `base.*`
+    checkout), the search spec's, a grid fit's compared folder's and a report's compared folders', the scale, the seeds, and `base.*`
     overrides of plain values (a string, number, bool or null, or a list of them), nothing that imports
     (`class_path`, `imports`) or sets a key outside `base`. Anything else is one line: a crafted export
     must not run code here."""
@@ -228,6 +228,11 @@ def check_settings(settings: Any, where: Path) -> None:
                 )
         if not 0 <= fit["bootstrap"] <= MAX_BOOTSTRAP:
             raise bad("fit.bootstrap", f"is {fit['bootstrap']}, outside 0 to {MAX_BOOTSTRAP:,} resamples")
+    folders = settings.get("compare_with", [])
+    if not isinstance(folders, list) or not all(relative_inside(f) for f in folders):
+        raise bad(
+            "compare_with", f"is {folders!r}, not a list of relative paths inside this checkout (no '..')"
+        )
     overrides = settings.get("overrides", [])
     if not isinstance(overrides, list):
         raise bad("overrides", f"is {overrides!r}, not a list")

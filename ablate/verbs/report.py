@@ -15,6 +15,7 @@ from ablate.verbs.options import Shared, print_ui_link, shared, sweep_context
 def report(
     recipe: str | None = None,
     from_: str | None = None,
+    compare_with: list[str] | None = None,
     *,
     overrides: list | None = None,
     **options: Any,
@@ -24,20 +25,31 @@ def report(
     Args:
         recipe: recipe YAML file of the sweep
         from_: a report folder to write again from its export (runs.parquet, metrics.parquet), with no store
+        compare_with: report folders to set this study's runs beside, run by run (the same variant, seed,
+            budget, shape and lr): compared_<FOLDER NAME>.csv, e.g. reports/table6-cpu/
+            (ablate.report.compare_runs)
     """
     from ablate.report.write import rebuild_report, write_report
     from ablate.store.study import open_study, report_folder
 
     if from_:
-        if recipe or overrides:
-            raise UserError("ablate report --from: the export names its recipe; give no recipe or overrides")
+        if recipe or overrides or compare_with:
+            raise UserError(
+                "ablate report --from: the export names its recipe and compared folders; give no recipe, "
+                "--compare-with or overrides"
+            )
         rebuild_report(Path(from_))
         return 0
     if not recipe:
         raise UserError("ablate report: give a recipe (e.g. recipes/table6.yaml) or --from reports/NAME/")
+    if compare_with:
+        from ablate.report.compare_runs import checked_folders
+        from ablate.report.write import inside_checkout
+
+        compare_with = checked_folders([inside_checkout(f) for f in compare_with])
     opts = Shared(**options)
     ctx = sweep_context(recipe, opts, opts.search, opts.grace_period, overrides)
     study, _ = open_study(ctx, create=False)
-    write_report(ctx, study, report_folder(ctx, Path(opts.reports)))
+    write_report(ctx, study, report_folder(ctx, Path(opts.reports)), compare_with)
     print_ui_link(ctx, opts)
     return 0

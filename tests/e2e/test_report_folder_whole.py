@@ -90,6 +90,8 @@ def _report_in_a_fresh_interpreter(tmp_path: Path) -> subprocess.CompletedProces
         (lambda m: m["report"].update(recipe="/etc/mini.yaml"), "relative path"),
         (lambda m: m["report"].update(recipe="../mini.yaml"), "relative path"),
         (lambda m: m["report"].update(fit={"form": "grid", "compare_with": "/etc"}), "fit.compare_with"),
+        (lambda m: m["report"].update(compare_with=["reports/x", "../elsewhere"]), "report.compare_with"),
+        (lambda m: m["report"].update(compare_with="reports/x"), "report.compare_with"),
     ],
     ids=[
         "key-outside-base",
@@ -98,6 +100,8 @@ def _report_in_a_fresh_interpreter(tmp_path: Path) -> subprocess.CompletedProces
         "absolute-recipe",
         "dotdot-recipe",
         "absolute-compared-grid",
+        "dotdot-compared-folder",
+        "compared-folders-not-a-list",
     ],
 )
 def test_report_from_an_export_that_would_run_code_is_one_line(tmp_path, edit, fragment):
