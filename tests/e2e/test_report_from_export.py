@@ -18,6 +18,7 @@ from mini_project import run_cli
 
 from ablate.cli import main
 from ablate.recipe.search import load_search_spec
+from ablate.report.compare_runs import output_name
 from ablate.store.export import has_export, read_meta
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,15 +28,7 @@ EXPORTED = [(FIXTURE, "mini")] + [
 ]
 
 
-INPUTS = (
-    "runs.parquet",
-    "metrics.parquet",
-    "README.md",
-    "predictions.csv",
-    "beyond_edges.csv",
-    "stdlib_comparison.csv",
-    "transfer_points.csv",
-)
+INPUTS = ("runs.parquet", "metrics.parquet", "README.md", "predictions.csv", "beyond_edges.csv")
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -58,14 +51,16 @@ def test_report_from_export_rebuilds_the_committed_folder_byte_identical(root, n
     if compared and not (tmp_path / compared.path).exists():
         (tmp_path / compared.path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(root / compared.path, tmp_path / compared.path)
-    grid = read_meta(committed)["report"].get("fit", {}).get("compare_with")  # an earlier grid fit's folder
-    if grid and not (tmp_path / grid).exists():
-        shutil.copytree(root / grid, tmp_path / grid)
+    settings = read_meta(committed)["report"]
+    grid = settings.get("fit", {}).get("compare_with")  # an earlier grid fit's folder
+    compared = settings.get("compare_with", [])  # the folders a report sets its runs beside
+    for other in [grid] * bool(grid) + compared:
+        if not (tmp_path / other).exists():
+            shutil.copytree(root / other, tmp_path / other)
     # all go but the inputs: the export, the README's hand-written part, a prediction written before the
     # runs (ablate.report.predict), which the report sets the measurement beside, and runs made outside
-    # the study that the hand-written part quotes (beyond_edges.csv: one lr past each edge of a grid;
-    # stdlib_comparison.csv: the same budgets of the study on the stdlib corpus, from its folder's CSV;
-    # transfer_points.csv: a grid's points beside the lr transfer check's runs of the same settings)
+    # the study that the hand-written part quotes (beyond_edges.csv: one lr past each edge of a grid).
+    # Every comparison with another folder goes too, and the verb writes it again from the two folders.
     for generated in copy.iterdir():
         if generated.is_dir():
             shutil.rmtree(generated)
@@ -75,6 +70,8 @@ def test_report_from_export_rebuilds_the_committed_folder_byte_identical(root, n
     verb = "fit" if "fit" in read_meta(copy)["report"] else "report"  # a grid fit's folder: ablate fit --from
     run_cli(verb, "--from", f"reports/{name}/", cwd=tmp_path, check=True)
     assert _tree(copy) == _tree(committed)
+    for other in compared:
+        assert (copy / output_name(other)).read_bytes() == (committed / output_name(other)).read_bytes()
     after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     assert set(after) - set(before) == {Path("reports", name, f) for f in _tree(committed)} - set(before)
 
