@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import operator
 import re
 import types
 import typing
@@ -223,6 +224,10 @@ def describe(hint: Any) -> str:
     if origin is Literal:
         return "one of " + ", ".join(map(str, args))
     if origin in (typing.Union, types.UnionType):
+        if type(None) in args and _is_spec(
+            functools.reduce(operator.or_, [a for a in args if a is not type(None)])
+        ):
+            return "a name, a mapping or null"
         return " or ".join("null" if a is type(None) else describe(a) for a in args)
     if origin in (list, tuple):
         inner = describe(args[0]) if args else "value"
@@ -264,10 +269,11 @@ def check_value(key: str, hint: Any, value: Any) -> Any:
 
 def _check_value(key: str, hint: Any, value: Any) -> Any:
     args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args and len(args) == 2:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
         if value is None:
             return None
-        hint = next(a for a in args if a is not type(None))  # X | None: null, or X checked as below
+        # X | None: null, or X checked as below
+        hint = functools.reduce(operator.or_, [a for a in args if a is not type(None)])
     elif value is None and hint is not type(
         None
     ):  # jsonargparse lets null through where argparse defaults are

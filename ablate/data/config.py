@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from ablate.core.config import load_section
 from ablate.core.errors import UserError
+from ablate.core.registry import Spec
 from ablate.data.tokenizers import parse_tokenizer_spec
 
 # What a data.source that exists must not be: reading one never ends (/dev/zero) or waits for a writer.
@@ -53,11 +54,11 @@ class DataConfig:
     """
 
     source: str | None = "stdlib"
-    tokenizer: Any = None
+    tokenizer: Spec | None = None
     text_key: str = "text"
     separator: str | None = None
     val_fraction: float = 0.05
-    task: Any = None
+    task: Spec | None = None
     task_loss: Literal["answers", "all"] = "answers"
     repeat: Literal["ask", "allow"] = "ask"
 
