@@ -23,12 +23,47 @@ from ablate.core.errors import UserError
 _CHECKED: set[Path] = set()  # stores found at this MLflow's schema: looked at once per process
 
 
+def sqlite_url(path: Path) -> str:
+    """The SQLAlchemy URL of the SQLite file `path`, its characters quoted: SQLAlchemy ends the path at a
+    `?` (the URL's query) and decodes `%XX`, so an unquoted `ws?q=1` or `a%20b` would name another file."""
+    import urllib.parse
+
+    return "sqlite:///" + urllib.parse.quote(str(path), safe="/")
+
+
+def decode_mlflow_parent_dirs() -> None:
+    """MLflow (3.x, `mlflow.store.db.utils._make_parent_dirs_if_sqlite`) creates the parent folder of a
+    SQLite URL's text without decoding it, so a quoted workspace `ws?q=1` would also leave an empty
+    `ws%3Fq%3D1` beside it; this makes it create the folder the URL names, as SQLAlchemy reads it. Nothing
+    happens where MLflow has no such function."""
+    from mlflow.store.db import utils
+
+    made = getattr(utils, "_make_parent_dirs_if_sqlite", None)
+    if made is None or getattr(made, "decodes_the_path", False):
+        return
+
+    def make_parent_dirs(db_uri: str) -> None:
+        if db_uri.startswith("sqlite:///") and db_uri.removeprefix("sqlite:///") not in ("", ":memory:"):
+            sqlite_path(db_uri).parent.mkdir(parents=True, exist_ok=True)
+
+    make_parent_dirs.decodes_the_path = True  # type: ignore[attr-defined]
+    utils._make_parent_dirs_if_sqlite = make_parent_dirs
+
+
+def sqlite_path(uri: str) -> Path:
+    """The file a `sqlite:///` URL names, read the way SQLAlchemy reads it (the query cut, `%XX` decoded)."""
+    import urllib.parse
+
+    return Path(urllib.parse.unquote(uri[len("sqlite:///") :].split("?", 1)[0]))
+
+
 def check(uri: str) -> None:
     """Look at the SQLite store `uri` names (other URIs: nothing to do): a missing or empty file, or one at
     this MLflow's schema, passes; one from an older MLflow is copied, then migrated; else one line."""
     if not uri.startswith("sqlite:///"):
         return
-    path = Path(uri[len("sqlite:///") :].split("?", 1)[0]).resolve()
+    decode_mlflow_parent_dirs()
+    path = sqlite_path(uri).resolve()
     if path in _CHECKED or not path.is_file() or path.stat().st_size == 0:
         return
     with _exclusive(path):  # workers starting together: one copies and migrates, the others find it done
@@ -117,7 +152,7 @@ def _copy_then_migrate(path: Path, version: str, head: str) -> None:
         f"migrating it to MLflow {mlflow.__version__}'s schema {head}",
         flush=True,
     )
-    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    engine = sqlalchemy.create_engine(sqlite_url(path))
     try:
         _upgrade_db(engine)
     finally:

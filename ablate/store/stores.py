@@ -49,7 +49,7 @@ class Stores:
         if self.tracking_uri:
             uri = tracking.database_url(self.tracking_uri)
         else:
-            uri = f"sqlite:///{self.workspace.create().mlflow_db}"
+            uri = sqlite_store.sqlite_url(self.workspace.create().mlflow_db)  # quoted: a path stays a path
         sqlite_store.check(uri)  # an older MLflow's SQLite store is copied before it is migrated
         return uri
 

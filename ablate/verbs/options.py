@@ -143,6 +143,7 @@ def tracking_uri_checked(uri: str | None) -> str | None:
     """`--tracking-uri`, refused in one line when MLflow cannot use it (ftp://..., a typo in the scheme, a
     folder: MLflow 3 refuses file stores). `export:FOLDER` (a report's runs, ablate.store.export) passes."""
     from ablate.store.export import SCHEME as EXPORT
+    from ablate.store.sqlite_store import sqlite_url
 
     if uri is None or uri.startswith(EXPORT) or uri in ("databricks", "databricks-uc"):
         return uri
@@ -152,7 +153,7 @@ def tracking_uri_checked(uri: str | None) -> str | None:
         folder = uri[len("file://") :] if base == "file" else uri
         raise UserError(
             f"--tracking-uri: {uri!r} is a folder (a file store), which MLflow 3 does not open; give "
-            f"sqlite:///{Workspace(folder).mlflow_db} for a database in it, or leave --tracking-uri "
+            f"{sqlite_url(Workspace(folder).mlflow_db)} for a database in it, or leave --tracking-uri "
             "out for the workspace's own store"
         )
     if base not in TRACKING_SCHEMES:
