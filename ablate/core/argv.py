@@ -7,7 +7,8 @@ what it leaves out, each for a reason:
   leftover `key=value` as dotted recipe overrides (`--base.train.lr 3e-4`, `base.train.steps=7`; a prefix
   such as `--scal` too: flags are never abbreviated). jsonargparse has no parse_known_args (on purpose:
   typos would go unnoticed) and would read `--launcher.slurm.partition` as a part of `--launcher`.
-- `add_options`: a bare boolean flag means true (`--yes`), a list takes the values after it (`--seeds 0 1 2`),
+- `add_options`: a bare boolean flag means true (`--yes`; `--yes RECIPE` too: `VerbParser._match_argument`
+  lets it take only a `true`/`false` after it), a list takes the values after it (`--seeds 0 1 2`),
   a flag is spelled with dashes or underscores (`--allow-unmatched`, `--allow_unmatched`): argparse's nargs
   and aliases, where jsonargparse's own spelling is `--yes true`, `--seeds [0,1,2]`, underscores only.
 - `one_line`: jsonargparse's errors run over several lines of detail; a user's mistake is one line.
@@ -16,6 +17,7 @@ what it leaves out, each for a reason:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import inspect
 import re
@@ -81,6 +83,9 @@ class VerbParser(ArgumentParser):
         self.takes_overrides, self.more_help, self.overrides = takes_overrides, more_help, []
 
     def _parse_optional(self, arg_string):
+        with contextlib.suppress(ValueError):
+            float(arg_string)
+            return None  # a value (`--base.train.lr -1e-3`), as argparse reads `-1` and `-0.5`
         key, eq, value = arg_string.partition("=")
         if not (self.takes_overrides and key.startswith("--") and key not in self._option_string_actions):
             return super()._parse_optional(arg_string)
@@ -89,7 +94,21 @@ class VerbParser(ArgumentParser):
         renamed = [(OVERRIDE, key, *p[2:]) for p in (parsed if isinstance(parsed, list) else [parsed])]
         return renamed if isinstance(parsed, list) else renamed[0]
 
+    def _match_argument(self, action, pattern):
+        """A bare boolean flag takes a `true`/`false` after it, never the recipe (`--yes RECIPE`)."""
+        at = len(self.argv) - len(pattern)  # the argument after the flag (the pattern: one letter each)
+        if (
+            action.const is True
+            and pattern[:1] == "A"
+            and 0 < at
+            and self.argv[at - 1] in action.option_strings
+        ):
+            if self.argv[at].lower() not in ("true", "false"):
+                return 0
+        return super()._match_argument(action, pattern)
+
     def _parse_known_args_internal(self, args=None, namespace=None, **kwargs):
+        self.argv = list(args or [])
         namespace, unknown = super()._parse_known_args_internal(args, namespace, **kwargs)
         if self.takes_overrides:
             self.overrides, unknown = self.overrides + unknown, []
@@ -161,4 +180,5 @@ def one_line(verb: str | None, message: str, options: list[Option]) -> str:
         names = [n.strip().split(".")[-1] for n in required.group(1).split(",")]
         shown = [n.upper() if n == "recipe" else "--" + n.replace("_", "-") for n in names]
         return f"ablate {verb}: {', '.join(shown)} required{see}"
-    return f"ablate{' ' + verb if verb else ''}: {' '.join(message.split())}{see}"
+    message = " ".join(message.split()).replace("unrecognized arguments:", "unexpected arguments")
+    return f"ablate{' ' + verb if verb else ''}: {message}{see}"

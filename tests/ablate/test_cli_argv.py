@@ -21,6 +21,13 @@ def test_a_flag_is_spelled_with_dashes_or_underscores_and_a_bare_boolean_is_true
     assert values["allow_unmatched"] is True
 
 
+def test_a_bare_boolean_before_the_recipe_leaves_it_the_recipe():
+    _, values, _, _ = parse_args(["sweep", "--yes", RECIPE, "--no-train", "true"])
+    assert (values["recipe"], values["yes"], values["no_train"]) == (RECIPE, True, True)
+    _, values, _, _ = parse_args(["check", "--allow-unmatched", "false", RECIPE])
+    assert (values["recipe"], values["allow_unmatched"]) == (RECIPE, False)
+
+
 def test_a_list_takes_the_values_after_it_up_to_the_next_flag():
     verb, values, overrides, _ = parse_args(
         ["sweep", RECIPE, "--seeds", "0", "1", "2", "--yes", "--workers", "2"]
@@ -50,6 +57,8 @@ def test_overrides_are_kept_wherever_they_stand_in_every_form():
     )
     assert (values["recipe"], values["scale"], print_config) == (RECIPE, "tiny", True)
     assert overrides == [("base.train.lr", 3e-4), ("variants.diff.label", "D x"), ("base.train.steps", 7)]
+    _, _, overrides, _ = parse_args(["check", RECIPE, "--base.train.lr", "-1e-3", "--base.model.x", "-2"])
+    assert overrides == [("base.train.lr", -1e-3), ("base.model.x", -2)]
     _, values, overrides, _ = parse_args(["bench", "--base.train.lr", "0.5"])  # the recipe stays its default
     assert (values["recipe"], overrides) == (RECIPE, [("base.train.lr", 0.5)])
 
@@ -77,7 +86,7 @@ def test_components_help_with_a_name_is_that_components_options():
     ("argv", "fragments"),
     [
         (["ui", "--port", "many"], ["--port: expected int, got 'many'", "(see ablate ui --help)"]),
-        (["ui", "--base.train.lr", "1"], ["ablate ui: unrecognized arguments: --base.train.lr 1"]),
+        (["ui", "--base.train.lr", "1"], ["ablate ui: unexpected arguments --base.train.lr 1"]),
         (["sweep", RECIPE, "--seeds"], ["--seeds"]),
         (["sweep", RECIPE, "--seeds", "0", "x"], ["--seeds: expected a list of ints or null, got 'x'"]),
         (["train", RECIPE], ["ablate train: --variant required"]),
