@@ -13,6 +13,8 @@ data:
   task: null            # a task instead of a corpus (kind `task`): {name: multi_needle, ...}
   task_loss: answers    # with a task: train on the answer tokens only, or on all tokens ('all')
   repeat: ask           # a run past one pass over the training split: ask first (ask) or train (allow)
+  sampling: permutation # training windows: each pass a seeded permutation of disjoint windows (permutation),
+                        #   or windows at random offsets, which read text twice before one pass (random)
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import os
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from ablate.core.config import load_section
 from ablate.core.errors import UserError
@@ -36,6 +38,15 @@ SPECIAL_FILES = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
     (stat.S_ISSOCK, "a socket"),
 )
+
+# How training windows are drawn (ablate.data.loader): `permutation` reads each pass over the training split
+# as a seeded permutation of disjoint windows; `random`, the sampler before it, draws each window at a random
+# offset and re-reads text before one pass.
+Sampling = Literal["permutation", "random"]
+SAMPLINGS: tuple[str, ...] = get_args(Sampling)
+# Data keys added after runs were first keyed, with the value every run made before had: a run at that value
+# hashes as before (ablate.recipe.resolve.RunSpec.key), and a record without the key means that value.
+DATA_KEYS_ADDED_LATER = {"sampling": "random"}
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,7 @@ class DataConfig:
         task: a task instead of a corpus (kind task): a name, {name: ..., <options>} or class_path/init_args
         task_loss: with a task: train on the answer tokens only (answers) or on every token (all)
         repeat: a run whose tokens exceed the training split reads text again (ablate.data.passes): a sweep asks before training past one pass (ask) or trains (allow)
+        sampling: training windows: each pass over the training split a seeded permutation of disjoint windows, nothing read twice below one pass (permutation); or windows at random offsets, which read text twice before one pass, the sampler of runs made before this key existed (random)
     """
 
     source: str | None = "stdlib"
@@ -61,6 +73,7 @@ class DataConfig:
     task: Spec | None = None
     task_loss: Literal["answers", "all"] = "answers"
     repeat: Literal["ask", "allow"] = "ask"
+    sampling: Sampling = "permutation"
 
     def __post_init__(self) -> None:
         if self.source is None:

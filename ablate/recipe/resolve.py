@@ -56,7 +56,7 @@ from ablate.core.config import (
 )
 from ablate.core.errors import UserError, closest
 from ablate.core.launcher import LauncherConfig
-from ablate.data.config import DataConfig, parse_data_config
+from ablate.data.config import DATA_KEYS_ADDED_LATER, DataConfig, parse_data_config
 from ablate.data.task_batches import build_task, check_fits
 from ablate.data.tokenizers import vocab_size_of
 from ablate.model.config import MODEL_KEYS_ADDED_LATER, ModelConfig
@@ -247,7 +247,11 @@ class RunSpec:
             for k, v in self.config["train"].items()
             if k not in without and (k not in TRAIN_KEYS_ADDED_LATER or v != TRAIN_KEYS_ADDED_LATER[k])
         }  # keys added later count only away from their defaults (ablate.train.config.TRAIN_KEYS_ADDED_LATER)
-        data = {k: v for k, v in self.config["data"].items() if k != "repeat"}  # a permission, not the data
+        data = {  # repeat: a permission, not the data; keys added later count only away from earlier runs' value
+            k: v
+            for k, v in self.config["data"].items()
+            if k != "repeat" and (k not in DATA_KEYS_ADDED_LATER or v != DATA_KEYS_ADDED_LATER[k])
+        }
         model = {
             k: v
             for k, v in self.config["model"].items()

@@ -1,8 +1,9 @@
 """What one run reads: its data (a corpus's token arrays, or a task that generates samples) and the
 loaders over it, cut for this process's rank.
 
-The stream of micro-batches depends on (seed, index) only, so a resumed run starts where it stopped: the
-training loader starts at the micro-batch of its resume step. With `world` ranks, rank r takes
+The stream of micro-batches depends on (seed, index) only (each pass a permutation of disjoint windows, or
+windows at random offsets: `data.sampling`, ablate.data.loader), so a resumed run starts where it stopped:
+the training loader starts at the micro-batch of its resume step, which its checkpoint carries. With `world` ranks, rank r takes
 micro-batches r, r + world, ...: optimizer step s sees micro-batches s*A*world .. (s+1)*A*world - 1 over
 all ranks (A = accumulate per rank), the same global batch as one process accumulating A*world
 micro-batches. The held-out batches are fixed; each rank validates its share.
@@ -59,7 +60,7 @@ def loaders(
         train = DataLoader(TaskTrainBatches(data, **batches), batch_size=None)
         held_out = TaskValBatches(data, **val_batches)
     else:
-        train = DataLoader(TrainBatches(data.train, **batches), batch_size=None)
+        train = DataLoader(TrainBatches(data.train, sampling=run.data.sampling, **batches), batch_size=None)
         held_out = ValBatches(data.val, **val_batches)
     val = DataLoader(
         Subset(held_out, range(rank, len(held_out), world)) if world > 1 else held_out, batch_size=None

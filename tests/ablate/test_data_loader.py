@@ -1,4 +1,5 @@
-"""Batches: the same for every variant with a seed, resumable, windows of real tokens; fixed validation."""
+"""Batches: the same for every variant with a seed, resumable, windows of real tokens; each pass a
+permutation of disjoint windows (or, `random`, windows at random offsets); fixed validation."""
 
 import numpy as np
 import pytest
@@ -6,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ablate.core.errors import UserError
-from ablate.data import TrainBatches, ValBatches, train_batch, val_starts
+from ablate.data import SAMPLINGS, TrainBatches, ValBatches, micro_batch, train_batch, val_starts
 
 SEQ, MB = 16, 4
 
@@ -34,37 +35,107 @@ def test_batches_are_windows_of_the_tokens(tokens):
     assert starts == {0, 1}
 
 
-def test_same_seed_same_batches_whatever_else_happens(tokens):
-    a = first(TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=7), 6)
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_same_seed_same_batches_whatever_else_happens(tokens, sampling):
+    a = first(TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=7, sampling=sampling), 6)
     # global random state is what model code touches (init, dropout): it must not matter
     torch.manual_seed(123)
     np.random.seed(456)
     torch.nn.Linear(64, 64)
     torch.rand(1000)
-    b = first(TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=7), 6)
+    b = first(TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=7, sampling=sampling), 6)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
-    c = first(TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=8), 6)
+    c = first(TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=8, sampling=sampling), 6)
     assert not any(torch.equal(x, y) for x, y in zip(a, c))
     assert not torch.equal(a[0], a[1])  # successive batches differ too
 
 
-def test_resume_at_micro_batch_i_continues_the_stream(tokens):
-    stream = first(TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=1), 12)
-    resumed = list(TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=1, start=9, stop=12))
-    assert len(resumed) == 3
-    assert all(torch.equal(x, y) for x, y in zip(stream[9:], resumed))
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_resume_at_micro_batch_i_continues_the_stream(tokens, sampling):
+    # 312 windows a pass (permutation): micro-batch 78 is the first of the second pass
+    stream = first(TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=1, sampling=sampling), 84)
+    resumed = list(
+        TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=1, start=75, stop=84, sampling=sampling)
+    )
+    assert len(resumed) == 9
+    assert all(torch.equal(x, y) for x, y in zip(stream[75:], resumed))
+    alone = micro_batch(tokens, 80, seq_len=SEQ, micro_batch_size=MB, seed=1, sampling=sampling)
+    assert torch.equal(alone, stream[80])
+
+
+def test_random_sampling_is_train_batch():
+    tokens = np.arange(5000, dtype=np.uint16)
+    stream = first(TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=1, sampling="random"), 6)
     assert torch.equal(train_batch(tokens, 5, seq_len=SEQ, micro_batch_size=MB, seed=1), stream[5])
 
 
-def test_ranks_and_workers_share_out_the_same_stream(tokens):
-    stream = first(TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=2), 12)
+def _window_numbers(batches) -> list[int]:
+    """The windows (of the arange tokens, stride SEQ) `batches` hold, in order; each checked to be one."""
+    numbers = []
+    for batch in batches:
+        for row in batch:
+            start = int(row[0])
+            assert start % SEQ == 0 and torch.equal(row, torch.arange(start, start + SEQ + 1))
+            numbers.append(start // SEQ)
+    return numbers
+
+
+def test_a_pass_reads_every_window_once_in_a_seeded_order_and_the_next_pass_another():
+    """4,999 tokens: (4999 - 1) // 16 = 312 windows a pass, whose inputs tile tokens 0 .. 4991 and whose
+    targets tile 1 .. 4992; the pass ends inside micro-batch 78 (312 = 78 x 4: at its end) and, with 5
+    windows a micro-batch, inside micro-batch 62."""
+    tokens = np.arange(4999, dtype=np.uint16)
+    for mb in (MB, 5):
+        batches = first(TrainBatches(tokens, seq_len=SEQ, micro_batch_size=mb, seed=3), 2 * 312 // mb + 1)
+        read = _window_numbers(batches)
+        one, two = read[:312], read[312:624]
+        assert sorted(one) == sorted(two) == list(range(312))  # each pass: every window once
+        assert one != two and one != sorted(one)  # each in its own shuffled order
+        inputs = np.sort(np.concatenate([np.arange(k * SEQ, (k + 1) * SEQ) for k in one]))
+        assert np.array_equal(inputs, np.arange(312 * SEQ))  # no token an input twice, none left out
+        if mb == MB:
+            first_order = one
+        else:
+            assert one == first_order  # the order is the pass's, whatever the micro-batch size
+    other_seed = _window_numbers(first(TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=4), 78))
+    assert sorted(other_seed) == list(range(312)) and other_seed != first_order
+
+
+def test_ranks_read_disjoint_windows_that_make_up_the_pass():
+    tokens = np.arange(4999, dtype=np.uint16)
+    world = 2
+    per_rank = [
+        _window_numbers(
+            TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=5, stop=78, rank=r, world_size=world)
+        )
+        for r in range(world)
+    ]
+    assert len(per_rank[0]) == len(per_rank[1]) == 156
+    assert not set(per_rank[0]) & set(per_rank[1])
+    assert sorted(per_rank[0] + per_rank[1]) == list(range(312))
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_ranks_and_workers_share_out_the_same_stream(tokens, sampling):
+    stream = first(TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=2, sampling=sampling), 12)
     ranks = [
-        list(TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=2, stop=12, rank=r, world_size=2))
+        list(
+            TrainBatches(
+                tokens,
+                seq_len=SEQ,
+                micro_batch_size=MB,
+                seed=2,
+                stop=12,
+                rank=r,
+                world_size=2,
+                sampling=sampling,
+            )
+        )
         for r in range(2)
     ]
     assert all(torch.equal(x, stream[2 * k]) for k, x in enumerate(ranks[0]))
     assert all(torch.equal(x, stream[2 * k + 1]) for k, x in enumerate(ranks[1]))
-    ds = TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=2, stop=12)
+    ds = TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=2, stop=12, sampling=sampling)
     loaded = list(DataLoader(ds, batch_size=None, num_workers=2))
     assert len(loaded) == 12 and all(torch.equal(x, y) for x, y in zip(loaded, stream))
 
@@ -87,6 +158,8 @@ def test_too_short_corpus_is_a_user_error(tokens):
     with pytest.raises(UserError) as e:
         TrainBatches(tokens[:16], seq_len=SEQ, micro_batch_size=MB, seed=0)
     msg = str(e.value)
+    with pytest.raises(UserError, match=r"^data.sampling: 'shuffled' is not one of permutation, random$"):
+        TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=0, sampling="shuffled")
     assert "\n" not in msg
     assert msg.startswith(
         "seq_len: windows of 17 tokens (seq_len + 1) do not fit in the 16-token train split"

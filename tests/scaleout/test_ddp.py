@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from scaleout_helpers import cli_command, cli_env, run_cli, write_recipe
 
 from ablate.core.workspace import Workspace
-from ablate.data import TrainBatches, load_tokens, train_batch
+from ablate.data import TrainBatches, load_tokens, micro_batch
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
@@ -156,8 +156,13 @@ def test_step_one_loss_distinguishes_data_shares(reference):
             return float(F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten()))
 
     batches = [
-        train_batch(
-            tokens.train, i, seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size, seed=run.seed
+        micro_batch(
+            tokens.train,
+            i,
+            seq_len=cfg.seq_len,
+            micro_batch_size=cfg.micro_batch_size,
+            seed=run.seed,
+            sampling=run.data.sampling,
         )
         for i in range(4)
     ]
