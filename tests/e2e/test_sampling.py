@@ -103,41 +103,41 @@ def test_a_resumed_run_and_a_budgets_branch_read_the_windows_of_the_run_that_nev
         tmp_path, base__train__schedule="wsd", base__train__val_every=4, budgets={"steps": [12, 16]}
     )
     (run,) = load_recipe(recipe).runs_for(variants=["diff"])
-    longest = run.at_budget(16)
-
-    uninterrupted = Batches()
-    ref = train_run(longest, Stores(tmp_path / "ref"), progress=False, callbacks=[uninterrupted])
-    ref_client = Stores(tmp_path / "ref").client()
-
-    crashed, resumed = Batches(), Batches()
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train_run(longest, Stores(tmp_path / "ws"), progress=False, callbacks=[crashed, CrashAt(step=10)])
-    again = train_run(longest, Stores(tmp_path / "ws"), progress=False, callbacks=[resumed])
-    assert min(step for step, _ in resumed.seen) == 9  # resumed from the checkpoint at step 8
-    after = range(9, 17)
-    assert resumed.windows() == uninterrupted.windows(after)
-    ws_client = Stores(tmp_path / "ws").client()
-    resumed_loss = _losses(ws_client, again.run_id)
-    assert {s: resumed_loss[s] for s in after} == {s: _losses(ref_client, ref.run_id)[s] for s in after}
-    assert again.val_loss == ref.val_loss
-
-    every_run = Batches()
+    every_run = Batches()  # the longest run (16 steps, never stopped), then the branch of budget 12
     results = train_budgets(
         run, Stores(tmp_path / "branched"), progress=False, every_run_callbacks=[every_run]
     )
-    branch = results[1]
+    longest, branch = results
+    client = Stores(tmp_path / "branched").client()
+    uninterrupted = Batches()
+    uninterrupted.seen = every_run.seen[: 16 * 2]
+    assert [step for step, _ in uninterrupted.seen] == [s for s in range(1, 17) for _ in range(2)]
+
+    crashed, resumed = Batches(), Batches()
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train_run(
+            run.at_budget(16), Stores(tmp_path / "ws"), progress=False, callbacks=[crashed, CrashAt(step=10)]
+        )
+    again = train_run(run.at_budget(16), Stores(tmp_path / "ws"), progress=False, callbacks=[resumed])
+    assert min(step for step, _ in resumed.seen) == 9  # resumed from the checkpoint at step 8
+    after = range(9, 17)
+    assert resumed.windows() == uninterrupted.windows(after)
+    resumed_loss = _losses(Stores(tmp_path / "ws").client(), again.run_id)
+    assert {s: resumed_loss[s] for s in after} == {s: _losses(client, longest.run_id)[s] for s in after}
+    assert again.val_loss == longest.val_loss
+
     assert branch.steps == 12 and run.at_budget(12).train.cooldown_start == 10
     fresh_batches = Batches()
     fresh = train_run(
         run.at_budget(12), Stores(tmp_path / "fresh"), progress=False, callbacks=[fresh_batches]
     )
-    # the branch's steps come after the longest run's 16 in `every_run`; its cooldown is steps 11 and 12
     branch_windows = [row.numpy().tobytes() for step, b in every_run.seen[16 * 2 :] for row in b]
     assert branch_windows == fresh_batches.windows(range(11, 13)) == uninterrupted.windows(range(11, 13))
-    client, fresh_client = Stores(tmp_path / "branched").client(), Stores(tmp_path / "fresh").client()
     branched_loss = _losses(client, branch.run_id)
-    assert sorted(branched_loss) == [11, 12]
-    assert branched_loss == {s: _losses(fresh_client, fresh.run_id)[s] for s in (11, 12)}
+    assert sorted(branched_loss) == [11, 12]  # the branch trained its cooldown only
+    assert branched_loss == {
+        s: _losses(Stores(tmp_path / "fresh").client(), fresh.run_id)[s] for s in (11, 12)
+    }
     assert branch.val_loss == fresh.val_loss
 
 
