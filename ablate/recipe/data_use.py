@@ -29,6 +29,7 @@ class DataUse:
     run_tokens: tuple[int, ...]  # every run's (and every smaller budget's) training tokens, sorted
     allowed: bool  # data.repeat: allow
     not_counted: str = ""  # why the corpus could not be read here (ablate check goes on without it)
+    sampling: str = "permutation"  # data.sampling: how the runs draw their windows (the share read twice)
 
     @property
     def passes(self) -> list[float]:
@@ -48,11 +49,14 @@ class DataUse:
         if self.split_tokens is None:
             return f"data: {self.source} (a task): fresh samples every step, no passes over a split"
         budgets = ", ".join(
-            f"{si(t)} ({data_passes.format_passes(p)})" for t, p in zip(self.run_tokens, self.passes)
+            f"{si(t)} ({data_passes.format_passes(p)}, "
+            f"{data_passes.format_share(data_passes.read_twice(p, self.sampling))})"
+            for t, p in zip(self.run_tokens, self.passes)
         )
+        usage = data_passes.usage_line(self.split_tokens, self.passes, [self.sampling] * len(self.passes))
         return (
-            f"data: {self.source} under {self.tokenizer}: {data_passes.usage_line(self.split_tokens, self.passes)}; "
-            f"{si(self.val_tokens or 0)} validation tokens; tokens per run (passes): {budgets}"
+            f"data: {self.source} under {self.tokenizer}: {usage}; {si(self.val_tokens or 0)} validation "
+            f"tokens; tokens per run (passes, share read twice): {budgets}"
         )
 
     def refusal(self) -> str:
@@ -100,6 +104,7 @@ def data_uses(runs: list[RunSpec], workspace: Workspace, *, strict: bool = True)
                 val_tokens=int(len(data.val)),
                 run_tokens=tuple(tokens),
                 allowed=all(r.data.repeat == "allow" for r in members),
+                sampling=first.data.sampling,
             )
         )
     return uses

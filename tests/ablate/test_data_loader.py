@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ablate.core.errors import UserError
-from ablate.data import SAMPLINGS, TrainBatches, ValBatches, micro_batch, train_batch, val_starts
+from ablate.data import SAMPLINGS, TrainBatches, ValBatches, micro_batch, passes, train_batch, val_starts
 
 SEQ, MB = 16, 4
 
@@ -170,3 +170,47 @@ def test_too_short_corpus_is_a_user_error(tokens):
         "val_batches: 20 micro-batches of 4 x 17 tokens need 1360 validation tokens but the val split has 1000;"
         " use at most 14"
     )
+
+
+def _share_read_twice(batches) -> float:
+    """Of the target tokens the batches (of arange tokens) read, the share read before: counted."""
+    targets = np.concatenate([batch[:, 1:].numpy().ravel() for batch in batches])
+    return 1 - len(np.unique(targets)) / len(targets)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.6, 1.2])
+def test_the_share_read_twice_is_what_the_loader_reads(p):
+    """`passes.read_twice` against the windows the real loader draws over a 40K-token split: counted
+    exactly under `permutation`; under `random`, the mean of 4 seeds within 4 standard errors of its
+    expectation (the count's spread measured across the seeds, not assumed)."""
+    split = 40_001  # 2,500 windows of stride 16
+    tokens = np.arange(split, dtype=np.int32)
+    n_batches = round(p * (split - 1) / (SEQ * MB))
+    passes_read = n_batches * SEQ * MB / (split - 1)
+    stream = first(TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=0), n_batches)
+    assert _share_read_twice(stream) == pytest.approx(
+        passes.read_twice(passes_read, "permutation"), abs=1e-12
+    )
+    if p < 1:
+        assert _share_read_twice(stream) == 0
+    shares = [
+        _share_read_twice(
+            first(
+                TrainBatches(tokens, seq_len=SEQ, micro_batch_size=MB, seed=s, sampling="random"), n_batches
+            )
+        )
+        for s in range(4)
+    ]
+    spread = max(np.std(shares, ddof=1) / 2, 1e-3)
+    assert abs(np.mean(shares) - passes.read_twice(passes_read, "random")) < 4 * spread
+
+
+def test_the_share_read_twice_in_words():
+    assert passes.format_share(passes.read_twice(0.0125, "random")) == "0.6%"  # 1 - (1 - e^-p)/p
+    assert passes.format_share(passes.read_twice(0.6, "random")) == "25%"
+    assert passes.read_twice(0.999, "permutation") == 0 and passes.read_twice(2.0, "permutation") == 0.5
+    line = passes.usage_line(3.5e6, [0.15, 1.2], ["permutation", "permutation"])
+    assert line.endswith("0-17% of their tokens read twice (each pass a permutation of disjoint windows)")
+    old = passes.usage_line(164e6, [0.0125], [passes.sampling_of({})])  # a run recorded before the key
+    assert old.endswith("0.6% of their tokens read twice in expectation (windows at random offsets)")
+    assert passes.sampling_of({"data.sampling": "permutation"}) == "permutation"

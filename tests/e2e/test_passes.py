@@ -39,8 +39,15 @@ def test_a_study_past_one_pass_is_refused_in_one_line_and_nothing_trains(tmp_pat
     assert 1024 < split < 2048  # so the 8-step budget is past one pass and the 4-step one under it
     proc = run_cli("sweep", str(recipe), "--yes", "--workspace", str(ws), "--reports", "r", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    # the plan states the passes of every budget, then the refusal is one line naming the key and the fix
-    assert f"1.02K ({1024 / split:.2f}), 2.05K ({2048 / split:.2f})" in proc.stdout
+    # the plan states the passes of every budget and the share of its tokens read twice (each pass a
+    # permutation: none below one pass, then what the second pass reads of the tokens), then the refusal is
+    # one line naming the key and the fix
+    again = 100 * (1 - split / 2048)
+    again_text = f"{again:.1f}%" if again < 9.95 else f"{again:.0f}%"
+    assert f"1.02K ({1024 / split:.2f}, 0%), 2.05K ({2048 / split:.2f}, {again_text})" in proc.stdout
+    assert f"0-{again_text} of their tokens read twice (each pass a permutation of disjoint windows)" in (
+        checked.stdout
+    )
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ablate: error: data.repeat:"), proc.stderr
     assert f"{2048 / split:.2f} passes" in lines[0] and "data.repeat: allow" in lines[0]
