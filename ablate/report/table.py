@@ -368,14 +368,18 @@ def table_rows(
 AR_HIT_COLUMNS = ("AR-Hit", "Others", "AR-Hit share")
 
 
-def summary_rows(ctx: SweepContext, records: list[RunRecord]) -> list[dict[str, Any]]:
+def summary_rows(
+    ctx: SweepContext, records: list[RunRecord], family: tuple[dict, int] | None = None
+) -> list[dict[str, Any]]:
     """The table's cells as numbers (summary.csv): per row, each metric's mean and 95% Student-t interval
     over seeds, the paired difference to the first row with its p-value, and whether it survives Holm's
-    correction over the table's comparisons."""
+    correction over the table's comparisons, or over `family`'s (ablate.report.holm_family)."""
     order = list(ctx.recipe.variants)
     diffs = row_diffs(order, records)
     tested = [k for k, d in diffs.items() if d.n >= 2]
     survives = dict(zip(tested, stats.holm([diffs[k].p_value for k in tested])))
+    if family is not None:
+        survives = _in_family(family, tested, records)
     labels = row_labels(ctx)
     rows = []
     for size in size_order(ctx, records):
@@ -592,10 +596,13 @@ def precisions(records: list[RunRecord]) -> str:
     return "; ".join(sorted(seen)) or "not recorded"
 
 
-def comparisons_note(ctx: SweepContext, records: list[RunRecord]) -> str:
-    """How many paired comparisons the table makes, and which of its stars survive Holm's correction;
-    then the rows not compared because their runs have other token counts than the reference's."""
-    text = _compared_note(ctx, records)
+def comparisons_note(
+    ctx: SweepContext, records: list[RunRecord], family: tuple[dict, int] | None = None
+) -> str:
+    """How many paired comparisons the table makes, and which of its stars survive Holm's correction (over
+    the table's comparisons, or over `family`'s: ablate.report.holm_family); then the rows not compared
+    because their runs have other token counts than the reference's."""
+    text = _compared_note(ctx, records, family)
     apart = _other_budget_rows(ctx, records)
     return " ".join(t for t in (text, apart) if t)
 
@@ -629,12 +636,24 @@ def _other_budget_rows(ctx: SweepContext, records: list[RunRecord]) -> str:
     return f"Not compared here, their runs being of other lengths: {listed} (`budgets.md` pairs each budget)."
 
 
-def _compared_note(ctx: SweepContext, records: list[RunRecord]) -> str:
+def _in_family(family: tuple[dict, int], keys: list, records: list[RunRecord]) -> dict:
+    """Each table comparison (size, variant) -> whether it survives in the study's family, at its runs'
+    budget."""
+    tokens = {(r.size, r.variant): float(r.tokens) for r in records if r.state == "finished"}
+    return {k: family[0].get((*k, tokens.get(k)), False) for k in keys}
+
+
+def _compared_note(
+    ctx: SweepContext, records: list[RunRecord], family: tuple[dict, int] | None = None
+) -> str:
     diffs = {k: d for k, d in row_diffs(list(ctx.recipe.variants), records).items() if d.n >= 2}
     if not diffs:
         return ""
     keys = list(diffs)
     survive = stats.holm([diffs[k].p_value for k in keys])
+    if family is not None:
+        in_family = _in_family(family, keys, records)
+        survive = [in_family[k] for k in keys]
     starred = [k for k in keys if diffs[k].significant]
     kept = [k for k in starred if survive[keys.index(k)]]
 
@@ -649,5 +668,11 @@ def _compared_note(ctx: SweepContext, records: list[RunRecord]) -> str:
         text
         + f"; {len(kept)} of the {len(starred)} star{'s' * (len(starred) != 1)} "
         + f"survive{'s' * (len(kept) == 1)} Holm's correction "
-        f"for {len(keys)} comparisons at 5%" + (f": {', '.join(name(k) for k in kept)}." if kept else ".")
+        + (
+            f"for the study's {family[1]} comparisons (every row at every budget, `gap_vs_tokens.csv`)"
+            if family is not None
+            else f"for {len(keys)} comparisons"
+        )
+        + " at 5%"
+        + (f": {', '.join(name(k) for k in kept)}." if kept else ".")
     )

@@ -63,6 +63,15 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path, compare_with: list
     warnings = edge_warnings(records, ctx.search)
     folder.mkdir(parents=True, exist_ok=True)
     honesty = honesty_checks(ctx, all_records, records)
+    budgeted = (
+        ctx.recipe.budgets(ctx.scale) is not None
+    )  # every row at every token budget (ablate.recipe.budgets)
+    budget_records = collect(ctx, study, with_curves=False, budgets=True) if budgeted else []
+    family = None
+    if budgeted:  # Holm over the study's comparisons, not the table's (ablate.report.holm_family)
+        from ablate.report.holm_family import budget_family
+
+        family = budget_family(list(ctx.recipe.variants), row_labels(ctx), budget_records)
     headers, rows, _ = table_rows(ctx, records, marks=honesty.marks)
     csv_rows = table_rows(ctx, all_records)[2]  # every run of the study, every searched point
     shown = {r.run_id for r in records}
@@ -82,7 +91,7 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path, compare_with: list
             else ""
         )
     ]
-    comparisons = comparisons_note(ctx, records)
+    comparisons = comparisons_note(ctx, records, family)
     if comparisons:
         notes.append(comparisons)
     if any(r.state != "finished" for r in records):
@@ -110,7 +119,7 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path, compare_with: list
         write_csv(folder / "layer_stats.csv", honesty.layer_rows)
     (folder / "table.md").write_text(f"{title}\n\n{table}\n\n" + "\n\n".join(notes) + "\n" + sections)
     write_csv(folder / "table.csv", csv_rows)
-    write_csv(folder / "summary.csv", summary_rows(ctx, records))
+    write_csv(folder / "summary.csv", summary_rows(ctx, records, family))
     if paper := paper_rows(ctx):
         write_csv(folder / "paper.csv", paper)
     plot_loss_curves(records, row_labels(ctx), folder / "loss_curves.png", list(ctx.recipe.variants))
@@ -120,10 +129,10 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path, compare_with: list
     more = write_probe_report(ctx, records, folder)
     if task_report.is_task_recipe(ctx):  # Tables 2-3 and Figure 5 of a recipe whose data is a task
         more += task_report.write_task_report(ctx, records, folder)
-    if ctx.recipe.budgets(ctx.scale) is not None:  # every row at every token budget (ablate.recipe.budgets)
+    if budgeted:
         from ablate.report.budgets import write_budget_report
 
-        more += write_budget_report(ctx, study, collect(ctx, study, with_curves=False, budgets=True), folder)
+        more += write_budget_report(ctx, study, budget_records, folder)
     if compare_with:  # this report's runs beside another folder's (ablate.report.compare_runs)
         from ablate.report.compare_runs import write_comparisons
 
@@ -136,7 +145,7 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path, compare_with: list
     header = (
         f"# How this report was made\n\n- command: `{study_command(study)}`\n- recipe: `{ctx.recipe.path}` (scale `{ctx.scale}`, "
         f"seeds {sorted({r.seed for r in all_records}) or ctx.seeds})\n- study: `{ctx.study_name}` ({len(all_records)} runs{shown})\n"
-        f"- code version of the runs: {runs_code_versions(all_records)}\n- date: {study_date(study)}\n"
+        f"- code version of the runs: {runs_code_versions(all_records + budget_records)}\n- date: {study_date(study)}\n"
         f"- {study_time(study)}\n- precision: {precisions(all_records)}\n"
         f"- files: `table.md`, `table.csv` (one row per run of the study; `in_table`: the table's), "
         "`summary.csv` (the table's cells as numbers)"
