@@ -6,7 +6,8 @@ Why a study of its own and not an attribute of the sweep's study: creating a stu
 one atomic test-and-set both Optuna storages offer (the journal replays under its file lock, an RDB has a
 unique name), so of two sweeps started at once exactly one gets it. The lock study carries its holder's
 host, pid and a heartbeat; a holder that is gone (same host and its pid dead, or no heartbeat for the
-grace period) does not block: its lock is deleted by id (a lock taken again meanwhile has another id, so
+grace period; one that never wrote a heartbeat, for the grace period after a sweep was first refused
+by it) does not block: its lock is deleted by id (a lock taken again meanwhile has another id, so
 it survives) and taken anew.
 """
 
@@ -64,7 +65,7 @@ class SweepLock:
                 if not attrs and time.time() - started < TAKING_SECONDS:
                     time.sleep(0.2)  # another sweep is writing its name into the lock right now
                     continue
-                if attrs and not self._gone(attrs):
+                if attrs and not self._gone(study_id, attrs):
                     raise self._refusal(attrs) from None
                 try:
                     self.storage.delete_study(study_id)
@@ -82,16 +83,24 @@ class SweepLock:
         except KeyError:
             return None
 
-    def _gone(self, attrs: dict[str, Any]) -> bool:
+    def _gone(self, study_id: int, attrs: dict[str, Any]) -> bool:
         if attrs.get("host") == socket.gethostname() and attrs.get("pid") == os.getpid():
             return True  # this process's own lock, left by an earlier sweep that ended without releasing it
-        return queue.worker_gone(
-            attrs.get("host"), attrs.get("pid"), attrs.get("heartbeat"), self.grace_period
-        )
+        beat = attrs.get("heartbeat") or attrs.get("first_refused")
+        if beat is None:
+            # A holder that never wrote a heartbeat (killed while taking the lock): its clock starts at the
+            # first refusal, written into the lock, so it goes stale a grace period later like any other.
+            beat = time.time()
+            try:
+                self.storage.set_study_user_attr(study_id, "first_refused", beat)
+            except KeyError:
+                pass
+            attrs["first_refused"] = beat
+        return queue.worker_gone(attrs.get("host"), attrs.get("pid"), beat, self.grace_period)
 
     def _refusal(self, attrs: dict[str, Any]) -> UserError:
         beat = attrs.get("heartbeat")
-        ago = f", heartbeat {time.time() - float(beat):.0f} s ago" if beat else ""
+        ago = f", heartbeat {time.time() - float(beat):.0f} s ago" if beat else ", no heartbeat written yet"
         study = self.name[: -len(SWEEP_LOCK_SUFFIX)]
         return UserError(
             f"sweep: study {study!r} is being run by another `ablate sweep` (host {attrs.get('host')}, pid "

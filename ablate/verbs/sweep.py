@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from ablate.core.errors import UserError
 from ablate.core.tables import format_seconds, si
-from ablate.verbs.options import Shared, launcher_start, print_ui_link, shared, sweep_context
+from ablate.verbs.options import (
+    Shared,
+    launcher_start,
+    override_argv,
+    print_ui_link,
+    shared,
+    sweep_context,
+)
 
 if TYPE_CHECKING:
     from ablate.store.study import SweepContext
@@ -68,7 +75,13 @@ def sweep(
         checked.split("\n\n", 1)[-1]
     )  # the check's notes: how FLOPs were counted, solved knobs, differences
     local = (launcher or ctx.recipe.file.launcher.name) == "local"
-    folder = run_sweep(ctx, start=None if no_train and local else start, yes=yes, reports=Path(opts.reports))
+    folder = run_sweep(
+        ctx,
+        start=None if no_train and local else start,
+        yes=yes,
+        reports=Path(opts.reports),
+        overrides_argv=override_argv(overrides or []),
+    )
     if folder is not None:
         if ctx.recipe.budgets(ctx.scale) is not None:
             keep_or_prune_stable(ctx, final)
@@ -91,25 +104,31 @@ def after_trial(ctx: SweepContext) -> Any:
 
 
 def run_sweep(
-    ctx: SweepContext, *, start: Any, yes: bool = False, reports: Path | None = None
+    ctx: SweepContext,
+    *,
+    start: Any,
+    yes: bool = False,
+    reports: Path | None = None,
+    overrides_argv: list[str] | None = None,
 ) -> Path | None:
     """Plan, enqueue, start the workers (`start(study, storage)`: ablate.sweep.launchers; None: enqueue only,
     for `ablate worker`s elsewhere), then report. Returns the report folder, or None while trials go on."""
     from ablate.store.study import open_study
 
     study, storage = open_study(ctx)
-    with hold_sweep(ctx, storage):
+    with hold_sweep(ctx, storage, overrides_argv or []):
         return _run_sweep(ctx, study, storage, start=start, yes=yes, reports=reports)
 
 
-def hold_sweep(ctx: SweepContext, storage: Any) -> Any:
+def hold_sweep(ctx: SweepContext, storage: Any, overrides_argv: list[str] | None = None) -> Any:
     """The study's sweep lock (ablate.sweep.lock): one `ablate sweep` per study, another one refused in a
-    line that gives the `ablate worker` command joining it."""
+    line that gives the `ablate worker` command joining it (with the sweep's overrides, so it runs as
+    printed)."""
     from ablate.store.commands import command_text
     from ablate.sweep.lock import SweepLock
     from ablate.sweep.worker import worker_argv
 
-    join = f"`{command_text(worker_argv(ctx, [])[0])}`"
+    join = f"`{command_text(worker_argv(ctx, overrides_argv or [])[0])}`"
     return SweepLock(storage, ctx.study_name, ctx.grace_period, join=join)
 
 

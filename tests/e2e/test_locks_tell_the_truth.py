@@ -1,0 +1,72 @@
+"""Locks tell the truth (ablate.sweep.lock): the `ablate worker` command a refused sweep prints runs as
+printed (with the sweep's overrides), and a lock whose holder never wrote a heartbeat goes stale after the
+grace period like any other. Real processes, the real Optuna journal and MLflow store of a workspace
+under tmp_path.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from mini_project import cli_command, write_recipe
+from optuna.study import StudyDirection
+from optuna.trial import TrialState
+
+from ablate.cli import main
+from ablate.core.errors import UserError
+from ablate.store.stores import Stores
+from ablate.store.study import SWEEP_LOCK_SUFFIX
+from ablate.sweep.lock import SweepLock
+
+
+def _lock(storage, name: str, **attrs) -> None:
+    sid = storage.create_new_study([StudyDirection.MINIMIZE], name + SWEEP_LOCK_SUFFIX)
+    for key, value in attrs.items():
+        storage.set_study_user_attr(sid, key, value)
+
+
+def test_a_holder_that_never_wrote_a_heartbeat_goes_stale_after_the_grace_period(tmp_path):
+    storage = Stores(tmp_path / "ws").storage()
+    _lock(storage, "s", host="elsewhere", pid=1)  # killed between writing its name and its first beat
+    with pytest.raises(UserError, match=r"host elsewhere, pid 1, no heartbeat written yet"):
+        SweepLock(storage, "s", grace_period=0.5)
+    time.sleep(0.6)  # the grace period passes after that first refusal
+    with SweepLock(storage, "s", grace_period=0.5) as lock:
+        assert storage.get_study_user_attrs(lock.study_id)["host"] == socket.gethostname()
+    assert optuna.get_all_study_names(storage) == []
+
+
+def test_the_worker_command_a_refused_sweep_prints_runs_as_printed(tmp_path, capsys):
+    recipe = write_recipe(tmp_path)
+    workspace = tmp_path / "ws"
+    argv = ["sweep", str(recipe), "--workspace", str(workspace), "--yes", "--reports", str(tmp_path / "rep")]
+    override = "--base.train.steps=2"
+    assert main([*argv, "--no-train", override]) == 0  # the study's trials, enqueued with the override
+    storage = Stores(workspace).storage()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # a live sweep's pid
+    try:
+        _lock(storage, "mini", host=socket.gethostname(), pid=holder.pid, heartbeat=time.time())
+        capsys.readouterr()
+        assert main([*argv, override]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        printed = re.search(r"`(ablate worker [^`]*)`", err)
+        assert printed and override in printed.group(1), err
+        words = shlex.split(printed.group(1))
+        proc = subprocess.run(
+            cli_command(*words[1:]), cwd=tmp_path, capture_output=True, text=True, timeout=400
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "another version" not in proc.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    study = optuna.load_study(study_name="mini", storage=storage)
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.COMPLETE]
