@@ -19,7 +19,8 @@ from ablate.train.config import TrainConfig
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a run trains: the device type, the Lightning precision (`auto` resolved) and why."""
+    """Where a run trains: the device type (`train.accelerator` resolved; the Trainer's accelerator), the
+    Lightning precision (`auto` resolved) and why."""
 
     device: str
     precision: str
@@ -93,7 +94,7 @@ def assemble(
     shown = progress and rank == 0
     line = [StepProgress(cfg.batch_tokens, compile_clock=compile_seconds if cfg.compile else None)]
     return L.Trainer(
-        accelerator=cfg.accelerator,
+        accelerator=where.device,  # the device the precision and the recorded tags were decided for
         devices=cfg.devices,
         num_nodes=cfg.num_nodes,
         strategy=launch.strategy_for(cfg),
