@@ -6,7 +6,8 @@ the other folder's run of the same variant, seed and token budget, and, where bo
 (their exports' tags and params), the same non-embedding parameter count (the shape) and the same lr. For
 each matched (variant, parameters, budget, lr) it writes, into `compared_<FOLDER NAME>.csv`:
 
-- each side's mean final validation loss and passes over its training split;
+- each side's mean final validation loss, passes over its training split and share of tokens read twice
+  (ablate.data.passes.read_twice: by how the runs drew their windows, `data.sampling`);
 - the loss here minus there, paired by seed, 95% Student-t interval, only where the two runs of a pair
   read the same data (every `data.*` key of their configurations equal: the same corpus, tokenizer and
   windows); losses on different corpora do not compare, so that cell is empty there (`same_data`);
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.core.errors import UserError
+from ablate.data.passes import EARLIER_SAMPLING, read_twice, sampling_of
 from ablate.report.stats import paired_difference
 
 RUN_FILES = ("budgets.csv", "points.csv", "table.csv")  # the first a folder has lists its runs
@@ -84,7 +86,7 @@ def runs_of(folder: str | Path, client: Any = None) -> list[dict[str, Any]]:
             "params": _number(row.get("params")),
             "lr": _number(row.get("base.train.lr")),
             "data": None,
-            "sampling": "random",
+            "sampling": EARLIER_SAMPLING,  # a folder without an export: runs made before data.sampling
         }
         run_id = row.get("mlflow_run_id")
         if client is not None and run_id:
@@ -94,7 +96,7 @@ def runs_of(folder: str | Path, client: Any = None) -> list[dict[str, Any]]:
             run["params"] = _number(data.tags.get("ablate.non_embedding_params"))
             run["lr"] = _number(data.params.get("train.lr"))
             run["data"] = tuple(sorted((k, v) for k, v in data.params.items() if k.startswith("data.")))
-            run["sampling"] = data.params.get("data.sampling", "random")
+            run["sampling"] = sampling_of(dict(data.params))
         if math.isfinite(run["loss"]):
             runs.append(run)
     return runs
@@ -112,18 +114,6 @@ def _key(run: dict[str, Any], other: dict[str, Any]) -> bool:
 
 def _group(run: dict[str, Any]) -> tuple:
     return (run["variant"], run["params"], run["tokens"], run["lr"])
-
-
-def read_twice(passes: float, sampling: str = "random") -> float:
-    """The expected share of the tokens a run read that it had read before, at `passes` over its training
-    split. Windows at uniform random offsets (`random`, every run before `data.sampling` existed): a token
-    is read a Poisson number of times with mean p, so the share is 1 - (1 - e^-p) / p. Windows without
-    replacement: nothing below one pass, then all but the first pass."""
-    if not math.isfinite(passes) or passes <= 0:
-        return math.nan if not math.isfinite(passes) else 0.0
-    if sampling == "random":
-        return 1.0 - (1.0 - math.exp(-passes)) / passes
-    return max(0.0, 1.0 - 1.0 / passes)
 
 
 def _gap(

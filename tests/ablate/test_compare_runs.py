@@ -15,7 +15,8 @@ import pytest
 from scipy import stats
 
 from ablate.cli import main
-from ablate.report.compare_runs import compared_runs, read_twice, runs_of
+from ablate.data.passes import read_twice
+from ablate.report.compare_runs import compared_runs, runs_of
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
@@ -173,14 +174,19 @@ def _simulated_share_read_twice(
 @pytest.mark.parametrize("passes", [0.1, 0.6, 1.2])
 def test_the_expected_share_read_twice_matches_windows_drawn_at_random_offsets(passes):
     simulated = _simulated_share_read_twice(passes, np.random.default_rng(0))
-    assert read_twice(passes) == pytest.approx(simulated, abs=0.01)
+    assert read_twice(passes, "random") == pytest.approx(simulated, abs=0.01)
 
 
 def test_the_share_read_twice_the_reports_quote_and_without_replacement():
-    assert [round(100 * read_twice(p), 1) for p in (0.0125, 0.026, 0.10, 0.1023)] == [0.6, 1.3, 4.8, 4.9]
-    assert [round(100 * read_twice(p)) for p in (0.6, 1.2)] == [25, 42]
+    assert [round(100 * read_twice(p, "random"), 1) for p in (0.0125, 0.026, 0.10, 0.1023)] == [
+        0.6,
+        1.3,
+        4.8,
+        4.9,
+    ]
+    assert [round(100 * read_twice(p, "random")) for p in (0.6, 1.2)] == [25, 42]
     assert read_twice(0.5, "permutation") == 0.0 and read_twice(2.0, "permutation") == 0.5
-    assert math.isnan(read_twice(math.nan)) and read_twice(0.0) == 0.0
+    assert math.isnan(read_twice(math.nan, "random")) and read_twice(0.0, "random") == 0.0
 
 
 def _one_line(code: int, err: str, *fragments: str) -> None:
