@@ -72,6 +72,7 @@ def status_report(ctx: SweepContext, study: Any, now: float | None = None, clien
     finished = [t for t in settled.values() if t.state == TrialState.COMPLETE]
     failed = [t for t in settled.values() if t.state == TrialState.FAIL]
     running = [t for t in trials if t.state == TrialState.RUNNING]
+    stale = [t for t in running if _worker_gone(t, ctx.grace_period, now)]
     waiting = [t for t in trials if t.state == TrialState.WAITING]
     handed_back = [t for t in trials if t.state == TrialState.FAIL and not is_settled(t)]
 
@@ -80,21 +81,7 @@ def status_report(ctx: SweepContext, study: Any, now: float | None = None, clien
 
     all_tokens = sum(trained_tokens(ctx.run_for_plan(p)) for p in ctx.plans())
     finished_tokens = {t.number: trained_tokens(run_of(t)) for t in finished}
-    progress: dict[int, int] = {}
-    unread: list[str] = []  # running trials whose progress the tracking store did not give, and why
-    if running:
-        from mlflow.exceptions import MlflowException
-
-        client = client or ctx.stores.client()
-        for t in running:
-            try:
-                progress[t.number] = running_tokens(client, run_of(t))
-            except (MlflowException, OSError) as e:  # the store unreachable, or it failed to answer
-                run_id = t.user_attrs.get("mlflow_run_id")
-                unread.append(
-                    f"trial {t.number} ({run_of(t).name}{', MLflow run ' + run_id if run_id else ''}): "
-                    f"its tokens so far not read, counted as none ({tracking.first_line(e)})"
-                )
+    progress, unread = _progress(ctx, running, run_of, client)
     done_tokens = sum(finished_tokens.values()) + sum(progress.values())
     left_tokens = sum(
         trained_tokens(ctx.run_for_plan(p)) for p in ctx.plans() if plan_key(p) not in settled
@@ -105,47 +92,100 @@ def status_report(ctx: SweepContext, study: Any, now: float | None = None, clien
         (finished_tokens[t.number], (t.datetime_complete - t.datetime_start).total_seconds())
         for t in finished
         if t.datetime_complete and t.datetime_start
+    ] or [
+        (progress[t.number], now - t.datetime_start.timestamp())
+        for t in running
+        if progress.get(t.number) and t.datetime_start
     ]
-    if not spans:
-        spans = [
-            (progress[t.number], now - t.datetime_start.timestamp())
-            for t in running
-            if progress.get(t.number) and t.datetime_start
-        ]
     rates = [tokens / seconds for tokens, seconds in spans if seconds > 0]
     _, total, _ = progress_counts(study)
-    left = len(plans) - len(settled)
-    eta = "-"
-    if left == 0:
-        eta = "done"
-    elif rates and running:
-        eta = format_seconds(max(0, left_tokens) / (sum(rates) / len(rates)) / len(running))
-    lines = [
-        f"sweep {ctx.study_name}: {len(finished)}/{total} trials finished, {len(running)} running, "
-        f"{len(waiting)} waiting, {len(failed)} failed (diverged); {len(handed_back)} attempts handed back "
-        f"(preempted, interrupted or worker died) and retried",
-        f"tokens: {si(done_tokens)} of {si(all_tokens)} done; ETA {eta}"
-        + (
+    live = len(running) - len(stale)
+    eta, how = ("done", "") if len(plans) == len(settled) else ("-", "")
+    if eta == "-" and rates and running:
+        eta = format_seconds(max(0, left_tokens) / (sum(rates) / len(rates)) / max(1, live))
+        how = (
             " (at the tokens/s one worker measured, over the workers running now)"
-            if eta not in ("-", "done")
-            else ""
-        ),
+            if live
+            else (" (at one worker's tokens/s, once a worker runs: no live worker now)")
+        )
+    lines = [
+        f"sweep {ctx.study_name}: {len(finished)}/{total} trials finished, {live} running"
+        + (f", {len(stale)} stale (worker gone, no heartbeat for {ctx.grace_period:g} s)" if stale else "")
+        + f", {len(waiting)} waiting, {len(failed)} failed (diverged); {len(handed_back)} attempts handed "
+        "back (preempted, interrupted or worker died) and retried",
+        f"tokens: {si(done_tokens)} of {si(all_tokens)} done; ETA {eta}{how}",
     ]
-    lines += [f"not read: {line}" for line in unread]
+    lines += [f"not read: {line}" for line in unread] + _lock_lines(ctx, study, now)
     if running:
-        rows = []
-        for t in running:
-            attrs = t.user_attrs
-            beat = attrs.get("heartbeat")
-            rows.append(
-                [
-                    t.number,
-                    run_of(t).name,
-                    attrs.get("worker_host", "?"),
-                    attrs.get("slurm_job", "-"),
-                    attrs.get("devices", "-"),
-                    f"{now - float(beat):.0f} s ago" if beat else "-",
-                ]
-            )
-        lines.append(markdown_table(["trial", "run", "host", "slurm job", "devices", "heartbeat"], rows))
+        lines.append(_running_table(running, stale, run_of, now))
     return "\n".join(lines)
+
+
+def _worker_gone(trial: Any, grace_period: float, now: float) -> bool:
+    """A RUNNING trial whose worker is gone (ablate.sweep.queue.worker_gone); a worker that never beat
+    counts from the trial's start."""
+    from ablate.sweep.queue import worker_gone
+
+    attrs = trial.user_attrs
+    beat = attrs.get("heartbeat") or (trial.datetime_start.timestamp() if trial.datetime_start else None)
+    return worker_gone(attrs.get("worker_host"), attrs.get("worker_pid"), beat, grace_period, now)
+
+
+def _progress(ctx: SweepContext, running: list, run_of: Any, client: Any) -> tuple[dict[int, int], list[str]]:
+    """Tokens so far of each running trial, and the trials whose progress the tracking store did not give."""
+    progress: dict[int, int] = {}
+    unread: list[str] = []
+    if not running:
+        return progress, unread
+    from mlflow.exceptions import MlflowException
+
+    client = client or ctx.stores.client()
+    for t in running:
+        try:
+            progress[t.number] = running_tokens(client, run_of(t))
+        except (MlflowException, OSError) as e:  # the store unreachable, or it failed to answer
+            run_id = t.user_attrs.get("mlflow_run_id")
+            unread.append(
+                f"trial {t.number} ({run_of(t).name}{', MLflow run ' + run_id if run_id else ''}): "
+                f"its tokens so far not read, counted as none ({tracking.first_line(e)})"
+            )
+    return progress, unread
+
+
+def _lock_lines(ctx: SweepContext, study: Any, now: float) -> list[str]:
+    """Who holds the study's sweep lock (ablate.sweep.lock), if anyone, and whether that holder is gone."""
+    from ablate.store.study import SWEEP_LOCK_SUFFIX
+    from ablate.sweep.queue import worker_gone
+
+    storage = getattr(study, "_storage", None)
+    try:
+        sid = storage.get_study_id_from_name(ctx.study_name + SWEEP_LOCK_SUFFIX)
+        attrs = storage.get_study_user_attrs(sid)
+    except (AttributeError, KeyError):
+        return []
+    beat = attrs.get("heartbeat")
+    gone = worker_gone(attrs.get("host"), attrs.get("pid"), beat, ctx.grace_period, now)
+    return [
+        f"sweep lock: held by host {attrs.get('host', '?')}, pid {attrs.get('pid', '?')}, "
+        + (f"heartbeat {now - float(beat):.0f} s ago" if beat else "no heartbeat written")
+        + ("; stale: its holder is gone, the next `ablate sweep` takes it over" if gone else "")
+    ]
+
+
+def _running_table(running: list, stale: list, run_of: Any, now: float) -> str:
+    rows = []
+    for t in running:
+        attrs = t.user_attrs
+        beat = attrs.get("heartbeat")
+        rows.append(
+            [
+                t.number,
+                run_of(t).name,
+                "stale" if t in stale else "running",
+                attrs.get("worker_host", "?"),
+                attrs.get("slurm_job", "-"),
+                attrs.get("devices", "-"),
+                f"{now - float(beat):.0f} s ago" if beat else "-",
+            ]
+        )
+    return markdown_table(["trial", "run", "state", "host", "slurm job", "devices", "last heartbeat"], rows)

@@ -90,9 +90,10 @@ def test_status_shows_finished_running_and_waiting_trials_and_where_they_run(tmp
     assert "1/4 trials finished, 1 running, 2 waiting, 0 failed" in out
     assert "tokens: 2.05K of 8.19K done" in out
     (row,) = [line for line in out.splitlines() if "node7" in line]
-    assert [c.strip() for c in row.strip("|").split("|")][:5] == [
+    assert [c.strip() for c in row.strip("|").split("|")][:6] == [
         str(second.number),
         "transformer-s1",
+        "running",
         "node7",
         "41_1",
         "-",

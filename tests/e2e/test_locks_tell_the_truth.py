@@ -70,3 +70,33 @@ def test_the_worker_command_a_refused_sweep_prints_runs_as_printed(tmp_path, cap
         holder.wait()
     study = optuna.load_study(study_name="mini", storage=storage)
     assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.COMPLETE]
+
+
+def test_status_shows_a_dead_workers_trial_as_stale_and_names_the_locks_holder(tmp_path, capsys):
+    recipe = write_recipe(tmp_path)
+    workspace = tmp_path / "ws"
+    argv = ["sweep", str(recipe), "--workspace", str(workspace), "--yes", "--reports", str(tmp_path / "rep")]
+    assert main([*argv, "--no-train"]) == 0
+    storage = Stores(workspace).storage()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a worker and a sweep killed with -9: their pid is gone
+    study = optuna.load_study(study_name="mini", storage=storage)
+    trial = study.get_trials(deepcopy=False)[0]
+    tid = storage.get_trial_id_from_study_id_trial_number(study._study_id, trial.number)
+    assert storage.set_trial_state_values(tid, state=TrialState.RUNNING)  # claimed by the dead worker
+    beat = time.time() - 1247
+    for key, value in {
+        "worker_host": socket.gethostname(),
+        "worker_pid": dead.pid,
+        "heartbeat": beat,
+    }.items():
+        storage.set_trial_user_attr(tid, key, value)
+    _lock(storage, "mini", host=socket.gethostname(), pid=dead.pid, heartbeat=beat)
+    capsys.readouterr()
+    assert main(["status", str(recipe), "--workspace", str(workspace), "--grace-period", "15"]) == 0
+    out = capsys.readouterr().out
+    assert "0 running, 1 stale (worker gone, no heartbeat for 15 s)" in out, out
+    (row,) = [line for line in out.splitlines() if line.startswith(f"| {trial.number} ")]
+    assert "| stale " in row and re.search(r"\| 12\d\d s ago", row), out  # 1247 s, and the test's own seconds
+    (lock,) = [line for line in out.splitlines() if line.startswith("sweep lock:")]
+    assert re.search(rf"pid {dead.pid}, heartbeat 12\d\d s ago; stale", lock), out
