@@ -502,7 +502,8 @@ def write_budget_report(ctx: SweepContext, study: Any, records: list[Any], folde
         + f"\n\nSeeds {seeds}; budgets {', '.join(si(t) for t in groups)} tokens"
         + (
             f" (passes over the {si(split)}-token training split: "
-            f"{', '.join(_passes_text(budget_passes(records, t), short=True) for t in groups)})"
+            f"{', '.join(_passes_text(budget_passes(records, t), short=True) for t in groups)}; "
+            f"{_read_twice_text(records, list(groups))})"
             if math.isfinite(split)
             else ""
         )
@@ -546,6 +547,22 @@ def write_budget_report(ctx: SweepContext, study: Any, records: list[Any], folde
             plot_gaps(gaps, order, folder / "gap_vs_tokens.png", labels[order[0]] if order else "", split)
         )
     return written
+
+
+def _read_twice_text(records: list[Any], budgets: list[int]) -> str:
+    """'share of the tokens read twice: 0%, 0%, 17% (each pass a permutation of disjoint windows)', per
+    budget in order, one clause per way the runs drew their windows (ablate.data.passes)."""
+    parts = []
+    for sampling in data_passes.SAMPLINGS:
+        shares = [
+            data_passes.format_share(data_passes.read_twice(budget_passes(drew, t), sampling))
+            for t in budgets
+            if (drew := [r for r in records if r.sampling == sampling])
+        ]
+        if shares:
+            words = data_passes.SAMPLING_WORDS[sampling].replace("read twice", "", 1).strip()
+            parts.append(f"share of the tokens read twice: {', '.join(shares)} {words}")
+    return "; ".join(parts)
 
 
 def _passes_text(p: float, short: bool = False) -> str:

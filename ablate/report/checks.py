@@ -174,12 +174,13 @@ def data_line(records: Sequence[Any]) -> str:
 
 
 def usage_summary(runs: Sequence[Any]) -> tuple[str, bool]:
-    """The passes of `runs` (anything with `split_tokens` and `passes`) over each training split they drew
-    from, and whether any is past one pass; ('', False) when no run recorded its split."""
+    """The passes of `runs` (anything with `split_tokens`, `passes` and `sampling`) over each training split
+    they drew from, with the share of their tokens read twice, and whether any is past one pass; ('', False)
+    when no run recorded its split."""
     splits = sorted({r.split_tokens for r in runs if math.isfinite(r.split_tokens)})
+    drew = {s: [r for r in runs if r.split_tokens == s] for s in splits}
     text = "; ".join(
-        _source_of([r for r in runs if r.split_tokens == s])
-        + passes.usage_line(s, [r.passes for r in runs if r.split_tokens == s])
+        _source_of(drew[s]) + passes.usage_line(s, [r.passes for r in drew[s]], [r.sampling for r in drew[s]])
         for s in splits
     )
     return text, any(passes.repeats(r.passes) for r in runs)
@@ -196,13 +197,15 @@ def _source_of(runs: Sequence[Any]) -> str:
 
 
 def passes_columns(csv_rows: list[dict[str, Any]], records: Iterable[Any]) -> None:
-    """`train_split_tokens`, `passes` and `repeats_data` of each CSV row's run."""
+    """`train_split_tokens`, `passes`, `read_twice` (the share of its tokens read twice: exact, or expected
+    for windows at random offsets; ablate.data.passes) and `repeats_data` of each CSV row's run."""
     by_id = {r.run_id: r for r in records if r.run_id}
     for row in csv_rows:
         r = by_id.get(row.get("mlflow_run_id"))
         p = r.passes if r is not None else math.nan
         row["train_split_tokens"] = r.split_tokens if r is not None else math.nan
         row["passes"] = round(p, 4) if math.isfinite(p) else math.nan
+        row["read_twice"] = round(passes.read_twice(p, r.sampling), 4) if math.isfinite(p) else math.nan
         row["repeats_data"] = "" if not math.isfinite(p) else ("yes" if passes.repeats(p) else "no")
 
 

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table, si
-from ablate.data.passes import REPEAT_EFFECT
+from ablate.data.passes import EARLIER_SAMPLING, REPEAT_EFFECT, sampling_of
 from ablate.report.folder import moved, writing
 from ablate.store import tracking
 
@@ -90,6 +90,7 @@ class FinishedRun:
     family: str = ""  # the training it belongs to: a budget's branch counts as its longest run's
     split_tokens: float = math.nan  # the training split it drew from (ablate.data.passes)
     passes: float = math.nan  # passes over that split
+    sampling: str = EARLIER_SAMPLING  # how it drew its windows (data.sampling; ablate.data.passes)
 
     @property
     def converged(self) -> bool | None:
@@ -215,6 +216,7 @@ def finished_run(client: Any, record: Any, params_count: str) -> FinishedRun:
         family=record.branched_from or record.run_id,
         split_tokens=record.split_tokens,
         passes=record.passes,
+        sampling=sampling_of(run_params),
     )
 
 

@@ -57,6 +57,11 @@ class RunRecord:
         """Passes the run made over its training split (ablate.data.passes); nan if unknown."""
         return data_passes.passes(self.tokens, self.split_tokens) if self.tokens else math.nan
 
+    @property
+    def sampling(self) -> str:
+        """How the run drew its training windows (`data.sampling`; `random` where it did not record it)."""
+        return data_passes.sampling_of(self.params)
+
 
 def collect(
     ctx: SweepContext, study: Any, with_curves: bool = True, budgets: bool = False

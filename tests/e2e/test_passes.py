@@ -72,11 +72,17 @@ def test_with_repeat_allowed_the_report_flags_the_runs_past_one_pass(tmp_path, m
     rows = list(csv.DictReader((folder / "table.csv").open()))
     assert {r["repeats_data"] for r in rows} == {"yes"}
     assert {float(r["passes"]) for r in rows} == {round(2048 / split, 4)}
+    # each pass a permutation of the split's windows: past one, what the second pass reads is read twice
+    assert {float(r["read_twice"]) for r in rows} == {round(1 - split / 2048, 4)}
+    assert "of their tokens read twice (each pass a permutation of disjoint windows)" in table
     assert all(float(r["train_loss_end"]) > 0 for r in rows)
     # the budget report: passes per budget, the smaller budget under one pass, a generalization table
     budgets = (folder / "budgets.md").read_text()
     assert f"### 1.02K tokens (4 steps; {1024 / split:.2f} passes over the training split)" in budgets
     assert f"### 2.05K tokens (8 steps; {2048 / split:.2f} passes over the training split ↻)" in budgets
+    again = 100 * (1 - split / 2048)
+    again_text = f"{again:.1f}%" if again < 9.95 else f"{again:.0f}%"
+    assert f"share of the tokens read twice: 0%, {again_text} (each pass a permutation" in budgets
     assert "## Generalization at each budget" in budgets and "Budget 2.05K is past one pass" in budgets
     general = list(csv.DictReader((folder / "generalization.csv").open()))
     assert {(r["variant"], int(r["tokens"])) for r in general} == {
