@@ -226,9 +226,14 @@ def launcher_start(
 
 def print_ui_link(ctx: SweepContext, opts: Shared) -> None:
     """How to open the sweep's runs in the MLflow UI: the command, and the link to its comparison view."""
+    import shlex
+
     from ablate.store.stores import sweep_runs_url
 
-    ui = "ablate ui" + (f" --workspace {opts.workspace}" if opts.workspace != DEFAULT_WORKSPACE else "")
+    # shell-quoted: the command runs as printed whatever the workspace's characters
+    ui = "ablate ui" + (
+        f" --workspace {shlex.quote(str(opts.workspace))}" if opts.workspace != DEFAULT_WORKSPACE else ""
+    )
     uri = ctx.stores.tracking_uri or ""
     served = uri if uri.startswith("http") else "http://127.0.0.1:5000"
     url = sweep_runs_url(ctx.stores, ctx.recipe.name, ctx.scale, served) or served

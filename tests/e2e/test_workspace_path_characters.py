@@ -36,3 +36,17 @@ def test_training_into_a_workspace_named_with_url_characters_keeps_the_store_ins
         assert db.execute("SELECT status FROM runs").fetchall() == [("FINISHED",)]
     artifacts = [p for p in (workspace / "artifacts").rglob("*") if p.is_file()]
     assert artifacts and all(p.is_relative_to(workspace) for p in artifacts)
+
+
+def test_the_printed_ui_command_runs_as_printed_whatever_the_workspaces_characters(tmp_path, capsys):
+    import shlex
+
+    from ablate.verbs.options import Shared, print_ui_link, sweep_context
+
+    recipe = write_recipe(tmp_path)
+    workspace = tmp_path / "my runs; rm -rf ~ $(x) 'q'"
+    opts = Shared(workspace=str(workspace))
+    print_ui_link(sweep_context(str(recipe), opts, None, 60.0, None), opts)
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("MLflow UI: ")]
+    command = line[len("MLflow UI: ") :].split("  -> ")[0]
+    assert shlex.split(command) == ["ablate", "ui", "--workspace", str(workspace)]
