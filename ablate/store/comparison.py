@@ -7,13 +7,20 @@ the search filter, the run grouping and the chart layout. `save_view` writes tha
 pages whatever workflow the browser used last (MLflow 3 starts in its GenAI workflow), and
 `compareRunsMode=CHART` for the chart view. The view:
 
-- rows: the trials only (the sweep's parent run is filtered out), grouped by variant with the seeds
-  averaged (MLflow's run grouping; every group expanded, so each seed's run is listed under it), in the
-  order the runs started (the recipe's order when one worker trains them);
+- rows: the trials grouped by variant with the seeds averaged (MLflow's run grouping; every group
+  expanded, so each seed's run is listed under it), in the order the runs started (the recipe's order
+  when one worker trains them); the sweep's parent run under MLflow's "Additional runs";
 - columns: the validation metrics (`val/loss` first), then the label and the seed;
-- charts: a first section of the validation metrics, every run of the study on each chart (MLflow's
-  generated charts show the 10 newest), one line per variant; the other metrics follow in MLflow's
-  generated sections.
+- charts, two to a row: first the parent run's paired differences (`ablate.store.difference_charts`),
+  then the validation and training metrics against training tokens (`tokens/<key>`,
+  `ablate.store.tokens_axis`), every run drawn in its row's colour; a metric with the same value in every
+  run (`val/ar_hit_share` on one validation set) is left out; MLflow's generated sections (against the
+  step) follow.
+
+A row's colour is its place in the recipe (`ablate.variants` on the parent run), the report plots'
+palette (matplotlib's default cycle), so it is the same in every study of a recipe and no two of ten rows
+are alike; MLflow keeps a run's colour in its `mlflow.runColor` tag (the colour picker writes it), and
+a group of runs takes a colour hashed from its name, so the charts draw the runs, not the groups.
 
 The tag's format is the UI's (MLflow 3.x bundle), not a documented API: `tests/e2e/test_ui_browser.py`
 opens the link in a real browser and checks what it renders.
@@ -24,14 +31,27 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ablate.store.difference_charts import difference_charts, hidden_chart
+from ablate.store.difference_keys import ORDER_TAG
+from ablate.store.tokens_axis import PREFIX as TOKENS_PREFIX
+
 VIEW_KEY = "ablate-comparison"
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 VARIANT_TAG = "ablate.variant"
 FIRST_METRICS = ("val/loss", "val/ar_hit", "val/others")  # Table 6's columns
 SECTION = "val"  # MLflow's chart section of `val/...` metrics (the key up to its last '/')
 RUN_NAME_COLUMN = "attributes.`Run Name`"
-LABEL_COLUMN = "tags.`ablate.label`"
+LABEL_TAG = "ablate.label"
+LABEL_COLUMN = f"tags.`{LABEL_TAG}`"
 TRIALS_ONLY = "tags.`ablate.run_key` LIKE '%'"  # every trial's run has one; the sweep's parent does not
+PARENTS = "tags.`ablate.role` = 'sweep'"
+COLOR_TAG = "mlflow.runColor"
+# matplotlib's default colour cycle (tab10, "C0".."C9"): the report plots' colours (ablate.core.plot_style)
+PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+)  # fmt: skip
+TOKENS_SECTIONS = ("val", "train")  # sections of `tokens/<key>` charts, in this order
 
 
 def comparison_metrics(metric_keys: list[str] | set[str]) -> list[str]:
@@ -41,38 +61,85 @@ def comparison_metrics(metric_keys: list[str] | set[str]) -> list[str]:
     return first + sorted(key for key in found if key.startswith(SECTION + "/") and key not in first)
 
 
-def view_state(metrics: list[str], variants: list[str]) -> dict[str, Any]:
-    """The runs page's state: search facets and UI state, as the UI's shared-view tag holds them."""
-    charts = [
-        {
-            "uuid": f"ablate-{metric}",
-            "type": "LINE",
-            "metricKey": metric,
-            "displayName": metric.rsplit("/", 1)[-1],
-            "metricSectionId": f"ablate-section-{SECTION}",
-            "runsCountToCompare": 100,
-            "isGenerated": True,
-            "deleted": False,
-            "xAxisKey": "step",
-            "useGlobalXaxisKey": True,
-            "useGlobalLineSmoothing": True,
-            "lineSmoothness": 0,
-            "scaleType": "linear",
-            "xAxisScaleType": "linear",
-        }
-        for metric in metrics
-    ]
-    section = {
-        "uuid": f"ablate-section-{SECTION}",
-        "name": SECTION,
-        "display": True,
-        "isReordered": True,
-        "deleted": False,
-        "isGenerated": True,
-    }
+def row_colors(order: list[str]) -> dict[str, str]:
+    """Variant -> colour, by its place in the recipe's order (as `ablate.core.plot_style.variant_colors`)."""
+    return {variant: PALETTE[i % len(PALETTE)] for i, variant in enumerate(order)}
+
+
+def flat_metrics(runs: list[Any]) -> set[str]:
+    """The validation metrics whose final value is the same in every run that has it (two runs at least):
+    measured on one held-out set, such a metric (`val/ar_hit_share`, a share of its tokens) is a flat line
+    that compares nothing."""
+    values: dict[str, set[float]] = {}
+    counts: dict[str, int] = {}
+    for run in runs:
+        for key, value in run.data.metrics.items():
+            if not key.startswith(SECTION + "/"):
+                continue
+            values.setdefault(key, set()).add(round(value, 12))
+            counts[key] = counts.get(key, 0) + 1
+    return {key for key, seen in values.items() if len(seen) == 1 and counts[key] > 1}
+
+
+def tokens_charts(keys: list[str], flat: set[str]) -> tuple[list[dict], list[dict]]:
+    """(sections, charts) of the trials' metrics against training tokens: `val` then `train`, the
+    validation metrics in the table's order; flat metrics left out (their charts deleted)."""
+    sections, charts = [], []
+    for name in TOKENS_SECTIONS:
+        base = [k[len(TOKENS_PREFIX) :] for k in keys if k.startswith(TOKENS_PREFIX)]
+        mine = [k for k in base if k.startswith(name + "/")]
+        ordered = comparison_metrics(mine) if name == SECTION else sorted(mine)
+        shown = [k for k in ordered if k not in flat]
+        section = f"ablate-section-{name}-tokens"
+        for metric in shown:
+            charts.append(
+                {
+                    "uuid": f"ablate-{TOKENS_PREFIX}{metric}",
+                    "type": "LINE",
+                    "metricKey": TOKENS_PREFIX + metric,
+                    "displayName": f"{metric} against training tokens",
+                    "metricSectionId": section,
+                    "runsCountToCompare": 100,
+                    "isGenerated": False,
+                    "deleted": False,
+                    "xAxisKey": "step",
+                    "useGlobalXaxisKey": False,
+                    "useGlobalLineSmoothing": False,
+                    "lineSmoothness": 0,
+                    "scaleType": "linear",
+                    "xAxisScaleType": "linear",
+                }
+            )
+        charts += [hidden_chart(TOKENS_PREFIX + k) for k in ordered if k in flat]
+        if shown:
+            sections.append(
+                {
+                    "uuid": section,
+                    "name": f"{name} against training tokens",
+                    "display": True,
+                    "isReordered": True,
+                    "deleted": False,
+                    "isGenerated": False,
+                    "columns": 2,
+                    "cardHeight": 360,
+                }
+            )
+    return sections, charts
+
+
+def view_state(
+    metrics: list[str],
+    variants: list[str],
+    charts: tuple[list[dict], list[dict]] = ([], []),
+    flat: set[str] = frozenset(),
+) -> dict[str, Any]:
+    """The runs page's state: search facets and UI state, as the UI's shared-view tag holds them;
+    `charts`: the (sections, charts) drawn first; `flat`: metrics whose charts are left out."""
+    sections, first = charts
+    hidden = [hidden_chart(key) for key in sorted(flat)]
     columns = [f"metrics.`{m}`" for m in metrics] + [LABEL_COLUMN, "tags.`ablate.seed`"]
     return {
-        "searchFilter": TRIALS_ONLY,
+        "searchFilter": "",
         "orderByKey": "attributes.start_time",
         "orderByAsc": True,
         "selectedColumns": columns,
@@ -84,28 +151,44 @@ def view_state(metrics: list[str], variants: list[str]) -> dict[str, Any]:
             "groupByKeys": [{"mode": "tag", "groupByData": VARIANT_TAG}],
         },
         "groupsExpanded": {f"tag.{VARIANT_TAG}.{variant}": True for variant in variants},
-        "useGroupedValuesInCharts": True,
+        "useGroupedValuesInCharts": False,  # each run in its row's colour (a group's colour is hashed)
         "runsHiddenMode": "SHOW_ALL",
-        "compareRunSections": [section],
-        "compareRunCharts": charts,
+        "compareRunSections": sections,
+        "compareRunCharts": first + hidden,
         "isAccordionReordered": True,
         "hideEmptyCharts": True,
     }
 
 
 def save_view(client, experiment_id: str) -> None:
-    """Write the comparison view of an experiment's runs as its shared-view tag (one request each for
-    the runs and the tag; rewritten on every call, so it follows the metrics and variants logged since)."""
+    """Write the comparison view of an experiment's runs as its shared-view tag, and each trial's run its
+    row's colour (rewritten on every call, so it follows the metrics, rows and differences logged since)."""
     runs = client.search_runs(
         [experiment_id], filter_string=TRIALS_ONLY, order_by=["attributes.start_time ASC"]
     )
-    metrics = comparison_metrics({key for run in runs for key in run.data.metrics})
-    variants = list(dict.fromkeys(run.data.tags.get(VARIANT_TAG, "") for run in runs))
-    state = view_state(metrics, [v for v in variants if v])
+    parents = client.search_runs([experiment_id], filter_string=PARENTS)
+    keys = {key for run in runs for key in run.data.metrics}
+    metrics = comparison_metrics(keys)
+    variants = [v for v in dict.fromkeys(run.data.tags.get(VARIANT_TAG, "") for run in runs) if v]
+    order = next((json.loads(p.data.tags[ORDER_TAG]) for p in parents if ORDER_TAG in p.data.tags), [])
+    order += [v for v in variants if v not in order]
+    colors = row_colors(order)
+    for run in runs:
+        color = colors.get(run.data.tags.get(VARIANT_TAG, ""))
+        if color and run.data.tags.get(COLOR_TAG) != color:
+            client.set_tag(run.info.run_id, COLOR_TAG, color)
+    labels = {run.data.tags.get(VARIANT_TAG, ""): run.data.tags.get(LABEL_TAG, "") for run in runs}
+    flat = flat_metrics(runs)
+    diff_sections, diff_charts = difference_charts(
+        parents, {v: lab for v, lab in labels.items() if lab}, order
+    )
+    token_sections, token_charts = tokens_charts(sorted(keys), flat)
+    charts = (diff_sections + token_sections, diff_charts + token_charts)
+    state = view_state(metrics, variants, charts, flat)
     client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + VIEW_KEY, json.dumps(state))
 
 
-def view_url(ui_url: str, experiment_id: str, charts: bool = False) -> str:
+def view_url(ui_url: str, experiment_id: str, charts: bool = True) -> str:
     """The runs page of an experiment in the comparison view (the UI routes after '#')."""
     query = f"workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
     if charts:

@@ -19,7 +19,7 @@ import torch
 from ablate.hardware.machine import machine_description
 from ablate.model.decoder import attention_kernel, build_model
 from ablate.recipe.resolve import RunSpec
-from ablate.store import tracking
+from ablate.store import tokens_axis, tracking
 from ablate.train.trainer import Placement
 
 Sink = Callable[[dict[str, float], int], None]  # (metrics, step) -> logged; global rank 0 only
@@ -139,7 +139,7 @@ def run_attention_kernel(run: RunSpec, device: str, precision: str) -> str:
 
 def metric_sink(client: Any, run_id: str) -> Sink:
     def sink(metrics: dict[str, float], step: int) -> None:
-        tracking.log_metrics(client, run_id, metrics, step)
+        tokens_axis.log_metrics(client, run_id, metrics, step)  # and each against tokens
 
     return sink
 

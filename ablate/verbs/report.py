@@ -29,6 +29,7 @@ def report(
             budget, shape and lr): compared_<FOLDER NAME>.csv, e.g. reports/table6-cpu/
             (ablate.report.compare_runs)
     """
+    from ablate.report.ui_differences import log_differences
     from ablate.report.write import rebuild_report, write_report
     from ablate.store.study import open_study, report_folder
 
@@ -51,5 +52,6 @@ def report(
     ctx = sweep_context(recipe, opts, opts.search, opts.grace_period, overrides)
     study, _ = open_study(ctx, create=False)
     write_report(ctx, study, report_folder(ctx, Path(opts.reports)), compare_with)
+    log_differences(ctx, study)  # rows a sweep's workers settled without writing (a failed last trial)
     print_ui_link(ctx, opts)
     return 0
