@@ -141,13 +141,15 @@ def budget_series(
     return dict(series)
 
 
-def settled_rows(study: Any, records: list[RunRecord]) -> set[tuple[str, str]]:
-    """(size, variant) of every row with no trial waiting or running, paired with its reference's state:
-    a row counts when it and its reference both have none."""
+def settled_rows(study: Any, records: list[RunRecord], finished_run: str = "") -> set[tuple[str, str]]:
+    """(size, variant) of every row with no trial waiting or running (`finished_run`'s trial, whose run
+    has ended and which is told next, counts as finished)."""
     from optuna.trial import TrialState
 
     busy = set()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
+        if finished_run and trial.user_attrs.get("mlflow_run_id") == finished_run:
+            continue
         plan = json.loads(trial.user_attrs.get("plan") or "{}")
         busy.add((plan.get("size", ""), plan.get("variant", "?")))
     return {(r.size, r.variant) for r in records} - busy
@@ -166,8 +168,10 @@ def note(references: dict[str, str], labels: dict[str, str], one_seed: list[str]
     return text
 
 
-def log_differences(ctx: SweepContext, study: Any) -> int:
-    """Write the differences of every settled row not yet on the parent run; returns the points written."""
+def log_differences(ctx: SweepContext, study: Any, finished_run: str = "") -> int:
+    """Write the differences of every settled row not yet on the parent run; returns the points written.
+    `finished_run`: the MLflow run of a trial that has ended but is not told yet (a worker's after-trial
+    step), counted as finished."""
     from mlflow.entities import Metric
 
     parent = study.user_attrs.get("mlflow_parent_run_id")
@@ -177,9 +181,12 @@ def log_differences(ctx: SweepContext, study: Any) -> int:
     order = list(ctx.recipe.variants)
     budgeted = ctx.recipe.budgets(ctx.scale) is not None
     records = collect(ctx, study, with_curves=False, budgets=budgeted)
+    for r in records:
+        if finished_run and r.run_id == finished_run:
+            r.state = "finished"
     if any(r.searched for r in records):
         records, _ = best_per_variant(records)  # the points the report's table shows
-    settled = settled_rows(study, records)
+    settled = settled_rows(study, records, finished_run)
     series, references, one_seed = difference_series(client, order, records, settled)
     if budgeted:
         series.update(budget_series(order, records, row_labels(ctx), settled))

@@ -51,6 +51,7 @@ PALETTE = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
     "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
 )  # fmt: skip
+PARENT_COLOR = "#222222"  # the parent run's differences: near black, none of the rows' colours
 TOKENS_SECTIONS = ("val", "train")  # sections of `tokens/<key>` charts, in this order
 
 
@@ -150,7 +151,11 @@ def view_state(
             "aggregateFunction": "average",
             "groupByKeys": [{"mode": "tag", "groupByData": VARIANT_TAG}],
         },
-        "groupsExpanded": {f"tag.{VARIANT_TAG}.{variant}": True for variant in variants},
+        # every variant's group, and MLflow's group of the runs without the tag (the parent: its charts)
+        "groupsExpanded": {
+            **{f"tag.{VARIANT_TAG}.{variant}": True for variant in variants},
+            f"tag.{VARIANT_TAG}": True,
+        },
         "useGroupedValuesInCharts": False,  # each run in its row's colour (a group's colour is hashed)
         "runsHiddenMode": "SHOW_ALL",
         "compareRunSections": sections,
@@ -173,8 +178,8 @@ def save_view(client, experiment_id: str) -> None:
     order = next((json.loads(p.data.tags[ORDER_TAG]) for p in parents if ORDER_TAG in p.data.tags), [])
     order += [v for v in variants if v not in order]
     colors = row_colors(order)
-    for run in runs:
-        color = colors.get(run.data.tags.get(VARIANT_TAG, ""))
+    for run in runs + parents:
+        color = colors.get(run.data.tags.get(VARIANT_TAG, ""), PARENT_COLOR)
         if color and run.data.tags.get(COLOR_TAG) != color:
             client.set_tag(run.info.run_id, COLOR_TAG, color)
     labels = {run.data.tags.get(VARIANT_TAG, ""): run.data.tags.get(LABEL_TAG, "") for run in runs}

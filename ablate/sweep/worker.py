@@ -187,9 +187,6 @@ def run_trial(
     heartbeat.stop()
     study.tell(trial, result.val_loss)
     print(f"[sweep] {result.summary()}", flush=True)
-    from ablate.report.ui_differences import log_differences
-
-    log_differences(ctx, study)  # the rows this trial settled, on the parent run for the MLflow UI
 
 
 class StopWhenTakenOver(L.Callback):

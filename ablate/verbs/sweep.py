@@ -92,13 +92,18 @@ def sweep(
 
 def after_trial(ctx: SweepContext) -> Any:
     """What a worker of this sweep does with each finished run: the recipe's probes, when its
-    `eval.after_trial` says so (the same tags as `ablate eval`, which then skips the run)."""
+    `eval.after_trial` says so (the same tags as `ablate eval`, which then skips the run); then the paired
+    differences of the rows it settles, on the sweep's parent run (ablate.report.ui_differences)."""
 
     def probe(run: Any, run_id: str) -> None:
         if ctx.recipe.eval(run.scale).after_trial:
             from ablate.probes.run import probe_after_trial
 
             probe_after_trial(ctx.recipe, run, run_id, ctx.stores)
+        from ablate.report.ui_differences import log_differences
+        from ablate.store.study import open_study
+
+        log_differences(ctx, open_study(ctx, create=False)[0], finished_run=run_id)
 
     return probe
 

@@ -147,7 +147,7 @@ def test_ui_prints_one_link_the_comparison_of_a_finished_sweep(finished_sweep):
         url = match.group(1)
         assert url == (
             f"http://127.0.0.1:{port}/#/experiments/{experiment.experiment_id}/runs"
-            "?workflowType=machine_learning&viewStateShareKey=ablate-comparison"
+            "?workflowType=machine_learning&viewStateShareKey=ablate-comparison&compareRunsMode=CHART"
         )
         assert seen.count("http://") == 1, seen  # one link, printed once the server answers
         base, route = url.split("/#", 1)
@@ -164,13 +164,33 @@ def test_ui_prints_one_link_the_comparison_of_a_finished_sweep(finished_sweep):
             "metrics.`val/others`",
         ]
         assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "ablate.variant"}]
-        assert set(view["groupsExpanded"]) == {"tag.ablate.variant.transformer", "tag.ablate.variant.diff"}
-        assert [c["metricKey"] for c in view["compareRunCharts"]][:3] == [
-            "val/loss",
-            "val/ar_hit",
-            "val/others",
+        # Every variant's group expanded, and MLflow's group of the runs without a variant (the parent).
+        assert set(view["groupsExpanded"]) == {
+            "tag.ablate.variant.transformer",
+            "tag.ablate.variant.diff",
+            "tag.ablate.variant",
+        }
+        shown = [c for c in view["compareRunCharts"] if not c["deleted"]]
+        # First the parent run's paired differences (mean, low, high), then the metrics against tokens.
+        assert [c.get("selectedMetricKeys") for c in shown][:3] == [
+            [f"diff/{m}/diff/{end}" for end in ("mean", "low", "high")]
+            for m in ("val/loss", "val/ar_hit", "val/others")
         ]
-        # The runs that view's filter selects: every finished trial, not the sweep's parent run.
+        assert [c["metricKey"] for c in shown][3:6] == [
+            "tokens/val/loss",
+            "tokens/val/ar_hit",
+            "tokens/val/others",
+        ]
+        # A metric with one value in every run (the share of AR-Hit tokens in one validation set) is left out.
+        deleted = {c["metricKey"] for c in view["compareRunCharts"] if c["deleted"]}
+        assert {"val/ar_hit_share", "tokens/val/ar_hit_share"} <= deleted
+        # Each row's runs in its colour: its place in the recipe, the report plots' palette.
+        colors = {
+            (r.data.tags["ablate.variant"], r.data.tags.get("mlflow.runColor"))
+            for r in client.search_runs([experiment.experiment_id], "tags.`ablate.run_key` LIKE '%'")
+        }
+        assert colors == {("transformer", "#1f77b4"), ("diff", "#ff7f0e")}
+        # The runs that view's filter selects: every finished trial and the sweep's parent run.
         answer = json.loads(
             _get(
                 f"{base}/api/2.0/mlflow/runs/search",
@@ -181,7 +201,11 @@ def test_ui_prints_one_link_the_comparison_of_a_finished_sweep(finished_sweep):
                 },
             )
         )
-        assert {r["info"]["run_id"] for r in answer["runs"]} == finished
+        parent = {
+            r.info.run_id
+            for r in client.search_runs([experiment.experiment_id], "tags.`ablate.role` = 'sweep'")
+        }
+        assert {r["info"]["run_id"] for r in answer["runs"]} == finished | parent
         _sigterm_stops_everything(proc, port)
     finally:
         if proc.poll() is None:

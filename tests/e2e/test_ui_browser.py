@@ -90,7 +90,7 @@ def test_the_printed_link_opens_a_comparison_of_the_variants_in_a_browser(finish
         url = _read_until(proc, r"MLflow UI: (\S+)")[0].group(1)
         runs = ["transformer-s0", "transformer-s1", "diff-s0", "diff-s1"]
 
-        browser.get(url)
+        browser.get(url.replace("&compareRunsMode=CHART", ""))  # the runs list beside the charts
         page = _wait_for_texts(browser, [*runs, "val/loss", "val/ar_hit", "val/others"])
         # The model-training workflow: its sidebar, none of the GenAI one's pages.
         sidebar = browser.find_element("tag name", "nav").text.splitlines()
@@ -104,12 +104,62 @@ def test_the_printed_link_opens_a_comparison_of_the_variants_in_a_browser(finish
         headers = _wait_for(browser, lambda d: _metric_headers(d)[:3] == first, _metric_headers)
         assert headers[:3] == first, headers
 
-        browser.get(url + "&compareRunsMode=CHART")
-        charts = _wait_for_texts(browser, ["transformer (val/loss)", "diff (val/loss)"])
-        # The validation section comes first, its first chart val/loss; one line per variant.
-        sections = [line for line in charts.splitlines() if line in ("val", "train", "rms", "lambda")]
-        assert sections and sections[0] == "val", sections
-        assert charts.index("val/loss") < charts.index("val/ar_hit") < charts.index("val/others")
+        browser.get(url)  # the printed link: the chart view
+        differences, against_tokens = "paired differences vs the reference row", "val against training tokens"
+        charts = _wait_for_texts(browser, [differences, against_tokens, "sweep mini"])
+        # The differences first, then the validation metrics against tokens (charts below the fold are
+        # drawn when scrolled to).
+        assert charts.index(differences) < charts.index(against_tokens)
+        assert "tokens/val/ar_hit_share" not in charts  # the same in every run: left out
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except Exception:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _plotted(driver) -> list[list[dict]]:
+    """Each chart's plotly traces (name, x, y) as drawn, in the page's order."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll('.js-plotly-plot')).map("
+        "e => (e.data || []).map(t => ({name: t.name, x: t.x, y: t.y})))"
+    )
+
+
+def _series(traces: list[dict]) -> list[dict]:
+    """The distinct series of a chart (MLflow draws each line twice: smoothed and as logged)."""
+    seen = {}
+    for t in traces:
+        seen.setdefault((t["name"], tuple(t["x"] or ()), tuple(t["y"] or ())), t)
+    return list(seen.values())
+
+
+def test_the_printed_link_charts_each_rows_paired_difference_against_tokens(finished_sweep, browser):
+    import csv
+
+    port = free_port()
+    proc = _start_ui(finished_sweep, port)
+    try:
+        url = _read_until(proc, r"MLflow UI: (\S+)")[0].group(1)
+        browser.get(url)
+        keys = [f"diff/val/loss/diff/{end}" for end in ("mean", "low", "high")]
+        _wait_for_texts(browser, [" vs ".join(keys), "sweep mini"])
+        first = _wait_for(browser, lambda d: len(_series((_plotted(d) or [[]])[0])) >= 3, _plotted)[0]
+        series = _series(first)
+        # One row besides the reference: three series of the parent run, mean inside its interval.
+        assert [s["name"] for s in series] == ["sweep mini"] * 3, series
+        mean, low, high = series
+        # Against tokens: the runs validated every 4 steps of 256 tokens (MLflow's step is the tokens).
+        assert mean["x"] == low["x"] == high["x"] == [1024, 2048], series
+        assert all(lo < m < hi for lo, m, hi in zip(low["y"], mean["y"], high["y"]))
+        # The last point is the report's paired difference (its summary.csv, the table's Δ unrounded).
+        with open(finished_sweep.parent / "reports" / "mini" / "summary.csv") as f:
+            row = next(r for r in csv.DictReader(f) if r["variant"] == "diff")
+        reported = [float(row[k]) for k in ("diff_vs_first", "diff_lo", "diff_hi")]
+        assert [mean["y"][-1], low["y"][-1], high["y"][-1]] == pytest.approx(reported, rel=1e-12)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
