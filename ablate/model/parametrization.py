@@ -98,6 +98,9 @@ class Parametrization:
         return self.name == "mup"
 
 
+MAX_BASE = 1 << 20  # a base width, head dim or depth past this is a typo, not a model one tuned at
+
+
 def parse(spec: Any, *, d_model: int, head_dim: int, n_layers: int) -> Parametrization:
     """`standard`, `mup` or {name: mup, base_d_model: ..., ...} -> a checked `Parametrization` (one line on a mistake)."""
     if isinstance(spec, str):
@@ -124,8 +127,14 @@ def parse(spec: Any, *, d_model: int, head_dim: int, n_layers: int) -> Parametri
         "base_n_layers": spec.get("base_n_layers", n_layers),
     }
     for key, value in base.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UserError(f"{KEY}.{key}: expected a positive integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BASE:
+            raise UserError(f"{KEY}.{key}: expected an integer from 1 to {MAX_BASE:,}, got {value!r}")
+    if base["base_d_model"] % base["base_head_dim"]:
+        h = base["base_head_dim"]
+        raise UserError(
+            f"{KEY}.base_d_model: {base['base_d_model']} is not a multiple of base_head_dim {h} (the base "
+            f"model's heads must fill its width); allowed: {h}, {2 * h}, {3 * h}, ... up to {MAX_BASE:,}"
+        )
     depth = spec.get("depth", "none")
     if depth not in DEPTH_RULES:
         raise UserError(f"{KEY}.depth: {depth!r} is not one of {', '.join(DEPTH_RULES)}")
@@ -249,6 +258,12 @@ def base_model(model: nn.Module, p: Parametrization) -> nn.Module:
     except UserError as e:
         raise UserError(
             f"{KEY}: the base model (d_model {p.base_d_model}, head_dim {p.base_head_dim}) cannot be built: {e}"
+        ) from None
+    except Exception as e:  # noqa: BLE001 -- a component refusing the base width is the recipe's, not a bug
+        raise UserError(
+            f"{KEY}.base_d_model: the base model (d_model {p.base_d_model}, head_dim {p.base_head_dim}) cannot "
+            f"be built: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; choose a base shape "
+            "every component of the model accepts"
         ) from None
 
 

@@ -176,3 +176,28 @@ def _source(name: str, model: ModelConfig) -> str:
         "backend": lambda: model.attention_backend,
     }.get(name, lambda: getattr(model, where.split(".")[-1], None))()
     return f"{where} ({value})" if value is not None else where
+
+
+def mup_notes(costs: list[VariantCost]) -> list[str]:
+    """What `sweep` and `train` would refuse of a μP model, found now: every parameter's declared role and
+    the base model built (on `meta`, as training builds them; one line naming the key on a failure); and a
+    note for a base wider or deeper than the model, where μP's rules shrink what was tuned instead of
+    transferring it to a larger model."""
+    from ablate.model.decoder import build_model
+
+    notes = []
+    for c in costs:
+        model = build_model(c.run.model, device="meta")
+        p = model.parametrization
+        if not p.mup:
+            continue
+        model.mup_basis  # noqa: B018 -- roles and the base model: each failure a UserError line
+        cfg = model.config
+        if p.base_d_model > cfg.d_model or p.base_n_layers > cfg.n_layers:
+            notes.append(
+                f"{_row_name(c.run)}: model.parametrization's base (d_model {p.base_d_model}, n_layers "
+                f"{p.base_n_layers}) is larger than the model (d_model {cfg.d_model}, n_layers {cfg.n_layers}): "
+                "μP carries hyperparameters tuned at the base to wider models; here they are scaled down "
+                "to a narrower one (set base_d_model to the width the learning rate was tuned at)"
+            )
+    return notes

@@ -80,6 +80,7 @@ def run_check(recipe: Recipe, scale: str | None, allow_unmatched: bool = False) 
     from ablate.recipe.check import (
         check_table,
         flops_note,
+        mup_notes,
         solved_notes,
         structure_differences,
         variant_costs,
@@ -93,6 +94,7 @@ def run_check(recipe: Recipe, scale: str | None, allow_unmatched: bool = False) 
         *solved_notes(recipe, costs),
         *structure_differences(costs),
         *warmup_notes(costs),
+        *mup_notes(costs),
     ]
     report = table + "\n\n" + "\n".join(notes)
     if unmatched and not allow_unmatched:
