@@ -3,6 +3,9 @@
     python benchmarks/device/check.py --out DIR [--device cuda|cuda:N|cpu] [--dry] [--budget-s 500] [--parts ...]
     python benchmarks/device/check.py --plan [--budget-s 500] [--parts ...]   # the plan only, nothing run
 
+`--plan`, run where the wheels are built, exits 2 in one line where `--wheels` holds none (nothing to
+carry), and 1 where a part's seconds on the H200 exceed its box.
+
 Before anything starts it checks, in one line each, that what the image lacks can be installed (the
 wheels `benchmarks/device/wheels.py` fetched, pip) and records the versions the image has against what
 the project needs (`versions.json`). It then installs what is missing or too old (`pip install --no-index
@@ -13,10 +16,13 @@ child process held to its box, so a part that fails or overruns loses nothing th
   a  every attention kind and backend on the device against float64 (benchmarks/device/kernels.py)
   b  `ablate bench` at the `small` scale, sequences 1024, 2048, 4096: tokens/s, peak memory, MFU
   c  the `small` Transformer and Diff in bf16-mixed through `ablate train`, logged to MLflow
-  e  Diff with `train.compile: true`: compile time apart from training time, tokens/s
   t  the `triton` backend's fused kernel against float64, then timed against split V and the Transformer
      beside the cost model's prediction (benchmarks/device/diff_kernel.py)
-  d  with the time left: the `cpu-tokens` width's token budgets, sized to land in the box (`runs.d_sizing`),
+  w  the whole `small` model, both arms, eager, on each backend path: `auto`, cuDNN, `triton` (paths.py)
+  p  one training step per arm under torch.profiler: its top kernels and their share (profile_step.py)
+  x  w under torch.compile, with the time left (paths.py)
+  e  (when named) Diff with `train.compile: true`: compile time apart from training time, tokens/s
+  d  (when named) the `cpu-tokens` width's token budgets, sized to land in the box (`runs.d_sizing`),
      through `ablate sweep --no-train` and parallel `ablate worker`s
 
 Each part's results are written as it ends (its CSV from MLflow by a short `collect` inside its box, the
@@ -61,31 +67,45 @@ QUIET = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
 class Part(NamedTuple):
     """One part of the check: what it does, `runner` ("module:function" in benchmarks/device, called with
     the part's `Context`), its share of the budget in seconds (None: the time left), whether a `collect`
-    (MLflow -> CSV) follows it inside its box, and what it is expected to get through in that share."""
+    (MLflow -> CSV) follows it inside its box, what it is expected to get through in that share, and the
+    seconds that work is expected to take on an H200 (measured there, or derived from what was: `PARTS`)."""
 
     what: str
     runner: str
     share_s: float | None
     collects: bool
     expected: str
+    expected_s: float | None = None
 
 
-# The parts, in their default order. A new part is one entry (its runner a function of a Context); its
-# share comes out of the time left to d. Shares were measured on an H200 (see the plan in README.md).
+# The parts, in their default order (`DEFAULT`; e and d run only when named). A new part is one entry (its
+# runner a function of a Context); its share comes out of the time left to the last. Seconds measured on an
+# H200 (reports/gpu-h200/parts.csv and rerun/parts.csv): a 22-25, b 31, c 95 for 150 + 130 steps (about 22 s
+# a variant's start, 0.15 s a Transformer step, 0.22 s a Diff step), e 70 (Diff's cold compile 18-22 s), t 43.
+# w: three `ablate bench` runs of both arms at one length (b's 31 s were three lengths and three rounds):
+# about 15 s each. x: the same under torch.compile, about 2 x 20 s of cold compiles each (part e's).
 PARTS = {
     "a": Part("attention kernels against float64", "kernels:main", 30, False,
-              "88 checks of 2 kinds x 11 backends x 2 dtypes x 2 kv-head counts; 2 x 8 timings"),
+              "88 checks of 2 kinds x 11 backends x 2 dtypes x 2 kv-head counts; 2 x 8 timings", 25),
     "b": Part("`ablate bench`, `small`, seq 1024-4096", "runs:bench", 40, False,
-              "2 variants x 3 lengths x 3 rounds of 16,384 tokens"),
-    "c": Part("`ablate train`, `small`, bf16-mixed", "runs:train", 130, True,
-              "2 variants x 100 steps of 32,768 tokens"),
+              "2 variants x 3 lengths x 3 rounds of 16,384 tokens", 31),
+    "c": Part("`ablate train`, `small`, bf16-mixed", "runs:train", 110, True,
+              "2 variants x 100 steps of 32,768 tokens", 44 + 15 + 22 + 15),
+    "t": Part("the fused Triton differential attention (backend `triton`)", "diff_kernel:main", 50, False,
+              "8 checks against float64; 4 arms x 4 lengths (1024-8192) x 5 rounds of 16,384 tokens", 43),
+    "w": Part("the whole `small` model, eager, on each path", "paths:eager", 50, False,
+              "2 arms x 3 backends (`auto`, `sdpa_cudnn`, `triton`) at 2,048 x 2 rounds of 16,384 tokens", 45),
+    "p": Part("one profiled training step per arm (`torch.profiler`)", "profile_step:main", 25, False,
+              "2 arms: 3 warm-up steps, 1 profiled; the top kernels and their share of the step", 20),
+    "x": Part("the whole `small` model under `torch.compile`, on each path", "paths:compiled", None, False,
+              "2 arms x 3 backends compiled (6 cold compiles) at 2,048 x 2 rounds of 16,384 tokens", 3 * (15 + 40)),
     "e": Part("`ablate train`, `small`, `train.compile: true`", "runs:compiled", 80, True,
-              "Diff: 1 cold compile (train and eval graphs), 40 steps"),
-    "t": Part("the fused Triton differential attention (backend `triton`)", "diff_kernel:main", 80, False,
-              "8 checks against float64; 4 arms x 4 lengths (1024-8192) x 5 rounds of 16,384 tokens"),
+              "Diff: 1 cold compile (train and eval graphs), 40 steps", 70),
     "d": Part("token budgets at the `cpu-tokens` width", "runs:budgets", None, True,
               "sized from its box: runs.d_sizing"),
 }  # fmt: skip
+DEFAULT = ["a", "b", "c", "t", "w", "p", "x"]
+DERIVED = {"c", "w", "p", "x", "d"}  # their H200 seconds derived (above; d: runs.d_sizing), not measured
 COLLECT_S = 15  # seconds of a part's box kept for its collect (Python, MLflow, one query per run)
 INSTALL_GUESS_S = 30  # the plan's printout only: the real run measures the install first
 
@@ -114,25 +134,45 @@ def plan(budget_s: float, spent_s: float, parts: list[str]) -> dict[str, float]:
     return {p: PARTS[p].share_s * scale if PARTS[p].share_s is not None else spare for p in parts}
 
 
-def print_plan(budget_s: float, parts: list[str], workers: int, install_s: float = INSTALL_GUESS_S) -> None:
-    """The plan as a table: each part's box (from a start after `install_s` of install) and its expected
-    work; d's budgets as `runs.d_sizing` chooses them for its box."""
+def print_plan(
+    budget_s: float, parts: list[str], workers: int, install_s: float = INSTALL_GUESS_S
+) -> list[str]:
+    """The plan as a table: each part's box (from a start after `install_s` of install), its expected work
+    and the seconds that work took (or is expected to take) on an H200; d's budgets as `runs.d_sizing`
+    chooses them for its box. Returns the parts whose H200 seconds exceed their box."""
     sys.path.insert(0, str(HERE))
     from runs import d_sizing  # stdlib at import
 
     boxes = plan(budget_s, install_s, parts)
     print(f"budget {budget_s:.0f} s; install {install_s:.0f} s assumed (measured first in a real run)\n")
-    print("| part | what | box s | expected |")
-    print("|---|---|---|---|")
+    print("| part | what | box s | H200 s | expected |")
+    print("|---|---|---|---|---|")
     print(
-        f"| install | missing and too old packages, this working tree | {install_s:.0f} | the wheels carried |"
+        f"| install | missing and too old packages, this working tree | {install_s:.0f} | 15-20 | the wheels carried |"
     )
+    over = []
     for p in parts:
-        expected = PARTS[p].expected
+        expected, seconds = PARTS[p].expected, PARTS[p].expected_s
         if p == "d":
-            expected = d_sizing(boxes[p] - COLLECT_S, workers).describe()
-        print(f"| {p} | {PARTS[p].what} | {boxes[p]:.0f} | {expected} |")
-    print(f"| total | | {install_s + sum(boxes.values()):.0f} | |")
+            sizing = d_sizing(boxes[p] - COLLECT_S, workers)
+            expected, seconds = sizing.describe(), sizing.expected_s + COLLECT_S
+        if seconds is not None and seconds > boxes[p]:
+            over.append(p)
+        h200 = "" if seconds is None else ("~" if p in DERIVED else "") + f"{seconds:.0f}"
+        print(f"| {p} | {PARTS[p].what} | {boxes[p]:.0f} | {h200} | {expected} |")
+    print(f"| total | | {install_s + sum(boxes.values()):.0f} | | |")
+    if over:
+        print(f"\nover their box at the H200's seconds: {', '.join(over)}")
+    return over
+
+
+def wheels_missing(wheels: Path) -> str | None:
+    """The one line that stops a `--plan` (run before a machine is taken) where the wheels folder the
+    check installs from was not built, or None."""
+    if list(wheels.glob("*.whl")):
+        return None
+    return (f"--wheels: {wheels} holds no wheels; build it where a package index is reachable with "
+            "python benchmarks/device/wheels.py and carry the folder with the working tree")  # fmt: skip
 
 
 def dist_version(name: str) -> str | None:
@@ -296,14 +336,22 @@ def main() -> None:
     )
     parser.add_argument("--workers", type=int, default=3, help="part d's parallel workers")
     parser.add_argument(
-        "--parts", nargs="+", default=list(PARTS), choices=list(PARTS), help="which, in order"
+        "--parts",
+        nargs="+",
+        default=DEFAULT,
+        choices=list(PARTS),
+        help="which, in order (e, d: only when named)",
     )
     parser.add_argument("--part", help=argparse.SUPPRESS)  # a child: run this one part
     parser.add_argument("--box-s", type=float, default=0.0, help=argparse.SUPPRESS)  # a child's box
     parser.add_argument("--of", help=argparse.SUPPRESS)  # a collect child: the part collected
     args = parser.parse_args()
     if args.plan:
-        return print_plan(args.budget_s, args.parts, args.workers)
+        over = print_plan(args.budget_s, args.parts, args.workers)
+        missing = wheels_missing(args.wheels)
+        if missing:
+            print(missing, file=sys.stderr)
+        raise SystemExit(2 if missing else 1 if over else 0)
     if args.out is None:
         parser.error("--out is required (or --plan)")
     out = args.out.resolve()

@@ -38,6 +38,17 @@ MEANINGS = """\
   (the budgets below the largest are cooldowns branched off the longest run), and each run's seconds.
   Its budgets were sized to land in its box (`logs/d_budgets.log` says which, from an assumed rate that
   these seconds correct); a run still RUNNING there was stopped at the box.
+- `w_paths.csv`, `x_paths.csv`: parts w (eager) and x (`torch.compile`): per path (the attention backend
+  `auto` resolves to, `sdpa_cudnn`, `triton`) one `ablate bench` of the `small` Transformer and Diff at
+  2,048 tokens a sequence, 16,384 a step, median of 2 interleaved rounds (`w_paths/<path>/bench.md`,
+  `x_paths/<path>/bench.md`): training tokens/s, Diff's over the Transformer's on the same path, and over
+  the Transformer's fastest path measured before it (each arm on its fastest path: the figure that
+  counts). A path that failed is one row, its reason in `note`.
+- `p_steps.csv`, `p_profile.csv`: part p, one training step per arm (the `small` model, 2,048 x 8, the
+  recipe's backend, eager) under `torch.profiler` after 3 warm-up steps: the step's milliseconds (wall,
+  synchronized), the sum of every kernel's own device time, the number of kernel launches; then the top
+  25 kernels by own device time, with their share of the step (of its wall time: what is not covered is
+  the device idle, waiting on launches) and of the kernels' sum.
 - `parts.csv`: each part's status and seconds, appended as each part ends (and across runs into the same
   folder); `versions.json`: what the image had of each needed package against pyproject's bounds, before
   and after the install; `logs/`: each part's output; `stores/`: the MLflow and Optuna stores, copied after
@@ -145,6 +156,23 @@ def budgets_section(out: Path) -> list[str]:
     return table(summary, list(summary[0])) if summary else ["(no finished budget)"]
 
 
+def paths_section(out: Path) -> list[str]:
+    """Parts w and x: each path's training tokens/s per arm and Diff's ratios (`paths.py`)."""
+    rows = read_csv(out / "w_paths.csv") + read_csv(out / "x_paths.csv")
+    columns = ["path", "variant", "train_tok_s", "diff_over_transformer", "diff_over_fastest_transformer",
+               "status", "note"]  # fmt: skip
+    return table(rows, columns) if rows else ["(no results)"]
+
+
+def profile_section(out: Path, top: int = 8) -> list[str]:
+    """Part p: each arm's profiled step and its top kernels (`profile_step.py`)."""
+    steps = read_csv(out / "p_steps.csv")
+    if not steps:
+        return ["(no results)"]
+    kernels = [r for r in read_csv(out / "p_profile.csv") if int(r["rank"]) <= top]
+    return [*table(steps, list(steps[0])), "", *table(kernels, list(kernels[0]) if kernels else ["variant"])]
+
+
 def write_readme(out: Path, args, argv: list[str]) -> None:
     """README.md from what is in `out`, parts.csv's rows included (every run into the folder)."""
     info = json.loads((out / "device.json").read_text()) if (out / "device.json").exists() else {}
@@ -191,6 +219,14 @@ def write_readme(out: Path, args, argv: list[str]) -> None:
         "## (e) `ablate train` with `train.compile: true`: Diff",
         "",
         *section("e", train_section(out, "e_compile.csv")),
+        "",
+        "## (w, x) the whole `small` model on each path: eager and compiled",
+        "",
+        *(paths_section(out) if ran & {"w", "x"} else ["(not run)"]),
+        "",
+        "## (p) one profiled training step per arm",
+        "",
+        *section("p", profile_section(out)),
         "",
         "## (d) token budgets at the `cpu-tokens` width, sized to the box",
         "",

@@ -1,8 +1,8 @@
 """The device check (benchmarks/device/check.py): its dry run end to end on CPU, as the GPU machine runs
 it (scipy, matplotlib, zstandard, pandas and threadpoolctl hidden: the image lacks them), and a part that
-fails or overruns its time box losing nothing the others wrote. Part e (`train.compile`) is left out of
-the dry run: inductor takes minutes on a 2-core CPU (tests/components/test_compile.py checks the compiled
-model, tests/ablate/test_compile_time.py its compile time apart)."""
+fails or overruns its time box losing nothing the others wrote. Parts e and x (`torch.compile`) are left
+out of the dry run: inductor takes minutes on a 2-core CPU (tests/components/test_compile.py checks the
+compiled model, tests/ablate/test_compile_time.py its compile time apart)."""
 
 from __future__ import annotations
 
@@ -73,29 +73,46 @@ def test_a_part_that_fails_or_overruns_is_recorded_and_stopped(tmp_path):
 def test_the_plan_never_exceeds_the_budget(monkeypatch):
     check = load_check()
     everything = list(check.PARTS)
-    for parts in (everything, ["d"], ["a", "b"], ["c", "e", "d"], everything[::-1]):
+    for parts in (everything, check.DEFAULT, ["d"], ["a", "b"], ["c", "e", "d"], everything[::-1]):
         for budget in (0.0, 20.0, 100.0, 270.0, 450.0, 900.0):
             for spent in (0.0, 30.0, 200.0, 460.0):
                 boxes = check.plan(budget, spent, parts)
                 assert list(boxes) == parts and min(boxes.values()) >= 0
                 assert sum(boxes.values()) <= max(0.0, budget - spent) + 1e-9
-    boxes = check.plan(450.0, 30.0, everything)  # the shares fit: each as given, d the rest
-    assert [boxes[p] for p in "abce"] == [check.PARTS[p].share_s for p in "abce"]
-    assert sum(boxes.values()) == 420.0
-    # a new part is one entry, before d: its share comes out of d's box
+    boxes = check.plan(500.0, 30.0, check.DEFAULT)  # the shares fit: each as given, x the rest
+    assert [boxes[p] for p in "abctwp"] == [check.PARTS[p].share_s for p in "abctwp"]
+    assert sum(boxes.values()) == 470.0
+    # a new part is one entry, before x: its share comes out of x's box
     part = check.Part("another kernel's bench", "kernels:other", 40, False, "one sweep")
-    monkeypatch.setattr(check, "PARTS", {**{k: v for k, v in check.PARTS.items() if k != "d"}, "x": part,
-                                         "d": check.PARTS["d"]})  # fmt: skip
-    more = check.plan(450.0, 30.0, list(check.PARTS))
-    assert more["x"] == 40 and more["d"] == boxes["d"] - 40
+    monkeypatch.setattr(check, "PARTS", {**check.PARTS, "y": part})
+    more = check.plan(500.0, 30.0, [*check.DEFAULT[:-1], "y", "x"])
+    assert more["y"] == 40 and more["x"] == boxes["x"] - 40
 
 
-def test_part_d_is_sized_to_land_in_its_box():
+def sibling(name: str):
     sys.path.insert(0, str(CHECK.parent))
     try:
-        import runs
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(CHECK.parent))
+
+
+def plan_run(*args: str, wheels: Path | None) -> subprocess.CompletedProcess:
+    extra = ["--wheels", str(wheels)] if wheels else ["--wheels", "/nonexistent-wheels"]
+    command = [sys.executable, str(CHECK), "--plan", *extra, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def wheels(tmp_path) -> Path:
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    (folder / "optuna-4.5.0-py3-none-any.whl").write_bytes(b"")
+    return folder
+
+
+def test_part_d_is_sized_to_land_in_its_box(wheels):
+    runs = sibling("runs")
     for box in (110.0, 135.0, 405.0, 3000.0):
         sizing = runs.d_sizing(box, 3)
         assert sizing.fits and sizing.expected_s * runs.D_SAFETY <= box
@@ -105,9 +122,51 @@ def test_part_d_is_sized_to_land_in_its_box():
         )
     assert runs.d_sizing(405.0, 3).multiplier >= 1 > runs.d_sizing(135.0, 3).multiplier
     assert not runs.d_sizing(10.0, 3).fits
-    # the whole run's plan, every part in: d lands in what the others leave it
-    plan = subprocess.run([sys.executable, str(CHECK), "--plan"], capture_output=True, text=True, timeout=120)
+    plan = plan_run("--parts", "d", wheels=wheels)  # d alone, when named, with the whole budget
     assert plan.returncode == 0 and "| d |" in plan.stdout and "over the box" not in plan.stdout, plan.stdout
+
+
+def test_the_default_plan_fits_500_s_at_the_h200s_part_times(wheels):
+    """Every default part's seconds on the H200 (measured, or derived from the measured) within its box in
+    the 500 s plan; the parts that replaced the token budgets in it; a budget too short says which part
+    would overrun, and exits 1."""
+    check = load_check()
+    assert check.DEFAULT == ["a", "b", "c", "t", "w", "p", "x"]  # d and e only when named
+    boxes = check.plan(500.0, check.INSTALL_GUESS_S, check.DEFAULT)
+    for part in check.DEFAULT:
+        assert check.PARTS[part].expected_s <= boxes[part], (part, boxes)
+    plan = plan_run(wheels=wheels)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert "| total | | 500 |" in plan.stdout and "over their box" not in plan.stdout
+    assert "| d |" not in plan.stdout and "| w |" in plan.stdout and "| x |" in plan.stdout
+    short = plan_run("--budget-s", "450", wheels=wheels)
+    assert short.returncode == 1 and "over their box at the H200's seconds: x" in short.stdout
+
+
+def test_a_plan_without_the_wheels_folder_stops_before_any_machine_is_taken(tmp_path):
+    """`--plan`, run where the lease is asked for, stops in one line (exit 2) with no wheels to carry."""
+    plan = plan_run(wheels=tmp_path / "absent")
+    assert plan.returncode == 2
+    assert plan.stderr.strip().splitlines() == [
+        f"--wheels: {tmp_path / 'absent'} holds no wheels; build it where a package index is reachable with "
+        "python benchmarks/device/wheels.py and carry the folder with the working tree"
+    ]
+
+
+def test_each_path_s_rows_give_diff_against_the_transformer_on_it_and_on_its_fastest(tmp_path):
+    paths = sibling("paths")
+    bench = tmp_path / "bench.csv"
+    bench.write_text("variant,seq_len,train_tok_s\ntransformer,2048,300000\ndiff,2048,240000\n")
+    rows = paths.path_rows("eager-triton", "triton", False, bench, "ok", 12.0, 400000.0)
+    diff = next(r for r in rows if r["variant"] == "diff")
+    assert (diff["diff_over_transformer"], diff["diff_over_fastest_transformer"]) == ("0.800", "0.600")
+    rows = paths.path_rows("eager-triton", "triton", False, bench, "ok", 12.0, 200000.0)  # this path fastest
+    assert next(r for r in rows if r["variant"] == "diff")["diff_over_fastest_transformer"] == "0.800"
+    failed = paths.path_rows(
+        "x", "sdpa_cudnn", True, tmp_path / "none.csv", "failed (exit 2)", 3.0, None, "why"
+    )
+    assert failed == [{"path": "x", "backend": "sdpa_cudnn", "compiled": True, "seconds": 3.0,
+                       "status": "failed (exit 2)", "note": "why"}]  # fmt: skip
 
 
 def wait_for(path: Path, part: str, proc: subprocess.Popen, timeout_s: float = 1500) -> None:
@@ -147,7 +206,7 @@ def cut_everything(proc: subprocess.Popen) -> None:
 @pytest.mark.slow
 def test_dry_run_on_cpu_keeps_each_part_through_a_lease_cut(tmp_path):
     """The dry run of a-d cut (the whole process group killed) as soon as part b is recorded: a and b's
-    results and the README stay; a second run of c, t and d into the same folder completes it."""
+    results and the README stay; a second run of c, t, w, p and d into the same folder completes it."""
     blocked = tmp_path / "blocked"
     blocked.mkdir()
     (blocked / "sitecustomize.py").write_text(HIDING)
@@ -169,15 +228,30 @@ def test_dry_run_on_cpu_keeps_each_part_through_a_lease_cut(tmp_path):
     assert len(kernels) == 88 and {r["status"] for r in kernels} == {"pass", "n/a"}
     assert {r["variant"] for r in rows(out / "b_bench" / "bench.csv")} == {"transformer", "diff"}
     readme = (out / "README.md").read_text()
-    assert "88 checks" in readme and readme.count("(not run)") == 3  # c, e, d
+    assert "88 checks" in readme and readme.count("(not run)") == 5  # c, e, w and x, p, d
     assert json.loads((out / "versions.json").read_text())["after_install"]
 
-    proc = subprocess.run([*command, "--parts", "c", "t", "d"], cwd=tmp_path, env=env, capture_output=True,
+    proc = subprocess.run([*command, "--parts", "c", "t", "w", "p", "d"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=1800)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [(r["part"], r["status"]) for r in rows(out / "parts.csv")] == [
-        (part, "ok") for part in ("install", "a", "b", "install", "c", "t", "d")
+        (part, "ok") for part in ("install", "a", "b", "install", "c", "t", "w", "p", "d")
     ], logs()
+    # part w: a path without a kernel on the device is a row saying why, and the next path runs
+    paths = rows(out / "w_paths.csv")
+    assert [(r["path"], r["variant"], r["status"]) for r in paths] == [
+        ("eager-sdpa_cudnn", "", "failed (exit 2)"), ("eager-auto", "transformer", "ok"), ("eager-auto", "diff", "ok")
+    ]  # fmt: skip
+    assert "sdpa_cudnn has no kernel for cpu" in paths[0]["note"]
+    assert float(paths[2]["diff_over_transformer"]) == pytest.approx(
+        float(paths[2]["train_tok_s"]) / float(paths[1]["train_tok_s"]), abs=1e-3
+    )
+    # part p: one profiled step per arm, its top kernels with their shares
+    assert [r["variant"] for r in rows(out / "p_steps.csv")] == ["transformer", "diff"]
+    kernels = rows(out / "p_profile.csv")
+    assert {r["variant"] for r in kernels} == {"transformer", "diff"}
+    assert all(0 < float(r["share_of_kernels"]) <= 1 for r in kernels)
+    assert any("mm" in r["kernel"] for r in kernels)
     # part t: the triton kernel (Triton's interpreter on CPU) against float64, then timed beside split V
     triton = importlib.util.find_spec("triton") is not None  # the `[triton]` extra; .ci/run installs it
     assert {r["status"] for r in rows(out / "t_kernel.csv")} == ({"pass"} if triton else {"n/a"})
