@@ -16,10 +16,11 @@ import torch
 
 from ablate.core.workspace import Workspace
 from ablate.hardware.device import DeviceOps, device_ops
-from ablate.hardware.precision import autocast, choose_precision, compute_dtype, training_device
+from ablate.hardware.precision import autocast, compute_dtype, training_device
 from ablate.model.cost import model_cost
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import RunSpec
+from ablate.train.step_precision import choose_step_precision
 
 REAL_MODEL_LIMIT = 5e10  # training FLOPs of one calibration micro-batch above which the probe is used
 
@@ -53,7 +54,10 @@ def calibrate(run: RunSpec, repeats: int = 4, *, ops: DeviceOps | None = None) -
     device = training_device(train.accelerator)
     # Accelerators other than CPU and CUDA (mps, tpu) have no clock here: the CPU's rate stands in.
     ops = ops or device_ops(device if device in ("cpu", "cuda") else "cpu", key="train.accelerator")
-    precision, why = choose_precision(train.precision, ops.device, key="train.precision")
+    # the precision the run will train in: on a CPU claiming bf16, by its whole step (cached: measured once)
+    precision, why, _ = choose_step_precision(
+        train.precision, ops.device, run.model, train.seq_len, train.micro_batch_size, key="train.precision"
+    )
     model = build_model(model_cfg, seed=0).to(ops.device)
     if precision.endswith("-true"):  # parameters held in that dtype (Lightning's "true" precisions)
         model = model.to(compute_dtype(precision))

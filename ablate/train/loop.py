@@ -60,7 +60,7 @@ def _train_run(run: RunSpec, stores: Stores, options: TrainOptions) -> TrainResu
     """Global rank 0: the run's MLflow record around its training, and its result."""
     folder = run_dir(stores.workspace, run)
     client = stores.client()
-    where = trainer.placement(run.train)
+    where = trainer.placement(run.train, run.model)
     print(f"precision: {where.precision} ({where.reason})", flush=True)
     tags = {**records.run_tags(run, where), **(options.get("extra_tags") or {})}
     state, run_id = tracking.open_run(
@@ -92,7 +92,7 @@ def _train_run(run: RunSpec, stores: Stores, options: TrainOptions) -> TrainResu
 def train_rank(run: RunSpec, *, workspace: Workspace) -> TrainResult:
     """A rank other than global rank 0 of a multi-device run: the same training, no MLflow, no files."""
     data = load_data(run, workspace)
-    where = trainer.placement(run.train)
+    where = trainer.placement(run.train, run.model)
     return _train(run, data, run_dir(workspace, run), workspace, where, None, False, [])
 
 

@@ -12,9 +12,11 @@ from typing import Any
 import lightning.pytorch as L
 
 from ablate.core.errors import UserError
-from ablate.hardware.precision import choose_precision, training_device
+from ablate.hardware.precision import training_device
+from ablate.model.config import ModelConfig
 from ablate.train import launch
 from ablate.train.config import TrainConfig
+from ablate.train.step_precision import choose_step_precision
 
 
 @dataclass(frozen=True)
@@ -27,10 +29,13 @@ class Placement:
     reason: str
 
 
-def placement(cfg: TrainConfig) -> Placement:
-    """`train.accelerator` and `train.precision` resolved (ablate.hardware.precision), once per process."""
+def placement(cfg: TrainConfig, model: ModelConfig | None = None) -> Placement:
+    """`train.accelerator` and `train.precision` resolved (ablate.hardware.precision), once per process;
+    `auto` on a CPU that claims native bf16 by `model`'s whole training step (ablate.train.step_precision)."""
     device = training_device(cfg.accelerator)
-    precision, why = choose_precision(cfg.precision, device, key="train.precision")
+    precision, why, _ = choose_step_precision(
+        cfg.precision, device, model, cfg.seq_len, cfg.micro_batch_size, key="train.precision"
+    )
     return Placement(device, precision, why)
 
 

@@ -10,7 +10,8 @@ memory in glibc's heap (`tune_glibc_malloc`); `retries`: a measurement during wh
 more than `ablate.train.bench.DISTURBED` of the CPU is taken again, up to this many times;
 `peak_budget_s` and `peak_max_size` bound each matmul-peak measurement in time and size; `ops`: the
 device's clock and memory peak (an `ablate.hardware.device.DeviceOps`; default: `device_ops(device)`;
-tests pass a stand-in); `echo`: print progress and the tables.
+tests pass a stand-in); `step_timer`: what times a training step for `auto`'s choice on a CPU claiming
+native bf16 (`ablate.train.step_precision`; tests inject timings); `echo`: print progress and the tables.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def bench(
 # itself (ablate.verbs.options.verb_options reads `flags_from`), except these, which are the library's,
 # not the command line's.
 bench.flags_from = ("ablate.verbs.bench", "run_bench")
-bench.internal = ("recipe_path", "overrides", "tune_malloc", "retries", "echo", "ops")
+bench.internal = ("recipe_path", "overrides", "tune_malloc", "retries", "echo", "ops", "step_timer")
 
 
 def run_bench(
@@ -96,6 +97,7 @@ def run_bench(
     peak_budget_s: float = PEAK_BUDGET_S,
     peak_max_size: int = PEAK_MAX_SIZE,
     ops: Any = None,
+    step_timer: Any = None,
     echo: bool = True,
 ) -> Path:
     """Measure, write `<out>/bench.csv`, `bench.md`, `ratios.csv` and `bench.png` (where matplotlib is
@@ -107,8 +109,9 @@ def run_bench(
     import ablate.train.bench as lib
     from ablate.hardware.allocator import tune_glibc_malloc
     from ablate.hardware.device import device_ops
-    from ablate.hardware.precision import choose_precision, compute_dtype
+    from ablate.hardware.precision import compute_dtype
     from ablate.recipe.resolve import load_recipe
+    from ablate.train.step_precision import choose_step_precision, time_step
 
     variants = list(variants)
     if seq_lens is None:
@@ -116,9 +119,14 @@ def run_bench(
     seq_lens = [int(n) for n in seq_lens]
     _check(rounds, tokens_per_step, seq_lens, batch_size, variants, backend, precision)
     ops = ops or device_ops(device)
-    chosen, why = choose_precision(precision, ops.device, key="--precision")
     recipe = load_recipe(recipe_path, list(overrides), scale=scale)
     configs = lib.bench_configs(recipe, variants, backend)
+    # `auto` on a CPU claiming native bf16: the first arm's whole training step, timed both ways
+    first = seq_lens[0]
+    chosen, why, _ = choose_step_precision(
+        precision, ops.device, configs[variants[0]], first, batch_size or max(1, tokens_per_step // first),
+        key="--precision", timer=step_timer or time_step,
+    )  # fmt: skip
     say = lib.printer(echo)
     say(f"precision: {chosen} ({why})")
     malloc = tune_glibc_malloc() if tune_malloc else "glibc malloc defaults"
