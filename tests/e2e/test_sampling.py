@@ -82,7 +82,9 @@ def test_one_pass_reads_every_window_of_the_split_once_and_the_next_pass_another
     (run,) = load_recipe(recipe).runs_for(variants=["transformer"])
     assert run.data.sampling == "permutation"  # the default
     seen = Batches()
-    train_run(run, Stores(tmp_path / "ws"), progress=False, callbacks=[seen])
+    result = train_run(run, Stores(tmp_path / "ws"), progress=False, callbacks=[seen])
+    params = Stores(tmp_path / "ws").client().get_run(result.run_id).data.params
+    assert params["data.sampling"] == "permutation"  # every run records how it drew its windows
     windows = _all_windows(run, tmp_path / "ws")
     read = [windows[w] for w in seen.windows()]  # KeyError: a window not at a multiple of the stride
     assert len(windows) == 87 and len(read) == 11 * 8
