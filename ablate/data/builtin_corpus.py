@@ -48,6 +48,8 @@ from ablate.core.errors import UserError
 from ablate.data.index_fetch import fetch_pinned
 
 BUILTIN_CORPORA = {"pypi-sdists": Path(__file__).with_name("pypi_sdists.json")}
+# What a build gives (documents, text, token counts), measured, for `ablate check` before a build
+EXPECTED = {"pypi-sdists": Path(__file__).with_name("pypi_sdists_counts.json")}
 CORPORA_ENV = "ABLATE_CORPORA"
 _HASH_BLOCK = 1 << 22
 
@@ -232,6 +234,51 @@ def _writing(where: Path):
             f"{CORPORA_ENV}: cannot write {e.filename or where} ({e.strerror}); point {CORPORA_ENV} at a "
             "writable folder"
         ) from None
+
+
+@dataclass(frozen=True)
+class PendingBuild:
+    """A built-in corpus not built (whole) on this machine yet: what its first use downloads and builds."""
+
+    name: str
+    folder: Path
+    archives: int
+    download_bytes: int
+    text_bytes: int | None  # measured on earlier builds of the same manifest (EXPECTED), when known
+    tokens: dict[str, dict[str, Any]]  # tokenizer label -> {train, val, val_fraction}, the same way
+
+    def line(self) -> str:
+        text = f", unpacks about {self.text_bytes / 1e6:.0f} MB of text" if self.text_bytes else ""
+        return (
+            f"{self.name} is not built in {self.folder.parent} yet: the first run (or `ablate prepare "
+            f"{self.name}`) downloads {self.download_bytes / 1e6:.1f} MB ({self.archives} archives){text} and "
+            "tokenizes it before training"
+        )
+
+
+def pending_build(name: str, root: Path | None = None) -> PendingBuild | None:
+    """None when `name` is built whole here (or is not a built-in corpus); else what building it takes,
+    with the counts earlier builds of the same manifest measured. Nothing is downloaded or written."""
+    if name not in BUILTIN_CORPORA:
+        return None
+    manifest = load_manifest(BUILTIN_CORPORA[name])
+    folder = corpus_folder(name, manifest, root)
+    if folder.exists() and damage(folder, manifest) is None:
+        return None
+    expected: dict[str, Any] = {}
+    if name in EXPECTED and EXPECTED[name].is_file():
+        expected = json.loads(EXPECTED[name].read_text(encoding="utf-8"))
+        if expected.get("manifest_sha256") != manifest_hash(manifest):
+            expected = {}  # measured for another manifest: not this corpus's counts
+    packages = packages_of(manifest)
+    return PendingBuild(
+        name,
+        folder,
+        len(packages),
+        sum(p.bytes for p in packages),
+        expected.get("text_bytes"),
+        expected.get("tokens", {}),
+    )
 
 
 def say_stderr(line: str) -> None:

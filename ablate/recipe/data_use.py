@@ -30,6 +30,7 @@ class DataUse:
     allowed: bool  # data.repeat: allow
     not_counted: str = ""  # why the corpus could not be read here (ablate check goes on without it)
     sampling: str = "permutation"  # data.sampling: how the runs draw their windows (the share read twice)
+    note: str = ""  # what a run must download and build first (a built-in corpus not built here yet)
 
     @property
     def passes(self) -> list[float]:
@@ -44,6 +45,9 @@ class DataUse:
         return self.split_tokens is not None and data_passes.repeats(self.max_passes)
 
     def line(self) -> str:
+        return self._line() + (f"; {self.note}" if self.note else "")
+
+    def _line(self) -> str:
         if self.not_counted:
             return f"data: {self.source}: passes not counted ({self.not_counted})"
         if self.split_tokens is None:
@@ -89,6 +93,9 @@ def data_uses(runs: list[RunSpec], workspace: Workspace, *, strict: bool = True)
         if task_spec(first.data) is not None:
             uses.append(DataUse(str(first.data.task), "", None, None, tuple(tokens), True))
             continue
+        if not strict and (pending := _pending(first, tuple(tokens), members)) is not None:
+            uses.append(pending)  # ablate check: counted from the manifest, nothing downloaded or built
+            continue
         try:
             data = load_tokens(first.data, workspace)
         except UserError as e:
@@ -124,3 +131,24 @@ def confirm_passes(uses: list[DataUse]) -> None:
         )
         if answer.strip().lower() not in ("y", "yes"):
             raise UserError("data.repeat: not confirmed; nothing was started (data.repeat: allow skips this)")
+
+
+def _pending(first: RunSpec, tokens: tuple[int, ...], members: list[RunSpec]) -> DataUse | None:
+    """The DataUse of a built-in corpus not built here yet, from the counts its earlier builds measured
+    (ablate.data.builtin_corpus.pending_build), saying what a run downloads first; None once it is built."""
+    from ablate.data.builtin_corpus import pending_build
+    from ablate.data.tokenizers import parse_tokenizer_spec, tokenizer_label
+
+    pending = pending_build(first.data.source or "")
+    if pending is None:
+        return None
+    label = tokenizer_label(parse_tokenizer_spec(first.data.tokenizer or "byte"))
+    counts = pending.tokens.get(label)
+    source, allowed = first.data.source, all(r.data.repeat == "allow" for r in members)
+    if counts is None or counts.get("val_fraction") != first.data.val_fraction:
+        why = f"no measured count under {label} at val_fraction {first.data.val_fraction:g}"
+        return DataUse(source, label, None, None, tokens, allowed, why, note=pending.line())
+    return DataUse(
+        source, label, counts["train"], counts["val"], tokens, allowed, sampling=first.data.sampling,
+        note=pending.line() + " (token counts from earlier builds of the same manifest)",
+    )  # fmt: skip
