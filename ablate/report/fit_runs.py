@@ -151,7 +151,7 @@ def fit_grid(
 
 def _write_grid(ctx, study, client, runs, fitted, reference, into: Path, settings, notes):
     """The grid fit's files into `into` (write_grid_report), and its export unless it was read from one."""
-    from ablate.report.budgets import train_seconds
+    from ablate.report.budget_cost import train_seconds
     from ablate.report.scaling import write_grid_report
     from ablate.report.table import precisions
     from ablate.report.write import export_settings

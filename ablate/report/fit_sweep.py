@@ -30,8 +30,8 @@ def run_fit_recipe(
     """Fit the finished runs of `recipe`'s sweep at `scale`; returns the files written (the forms, the
     files and fit.json's keys: ablate.report.fit_runs); `compare_with`: ablate.report.grid_compare."""
     from ablate.report.fit_runs import FORMS, PARAMS_TAGS, finished_runs_of, fit_grid, fit_source
+    from ablate.report.run_records import collect
     from ablate.report.scaling import is_grid
-    from ablate.report.table import collect
     from ablate.store.study import finished_sweep
 
     if params_count not in PARAMS_TAGS:

@@ -18,7 +18,7 @@ from ablate.report import stats
 def budget_family(order: list[str], labels: dict[str, str], budget_records: list[Any]) -> tuple[dict, int]:
     """((size, variant, tokens) -> whether that comparison survives Holm over the study's family, the
     family's size), from the same paired gaps as `gap_vs_tokens.csv`."""
-    from ablate.report.budgets import gap_rows
+    from ablate.report.budget_gaps import gap_rows
 
     gaps = gap_rows(order, budget_records, labels)
     n, _, _ = stats.mark_holm(gaps, "lo", "hi")

@@ -1,8 +1,8 @@
 """The paper-style table of a finished sweep, with honest statistics (written by `ablate.report.write`).
 
-Reads the study's trials (Optuna) and their runs (MLflow); never imports a model. Writes into
-`<reports>/<recipe>[-<scale>]/`: `table.md`, `table.csv`, `loss_curves.png` and a `README.md` that
-says how they were made; attaches them to the sweep's MLflow parent run.
+Reads the sweep's runs as records (`ablate.report.run_records`); never imports a model. Its cells and
+notes go into `<reports>/<recipe>[-<scale>]/`: `table.md`, `table.csv`, `summary.csv`, `paper.csv`,
+`loss_curves.png`; the marks and notes on how far to trust them are `ablate.report.honesty`'s.
 
 Every cell is the mean over seeds with a 95% Student-t interval; the difference to the first row is
 paired by seed (same data order and shared initialisation), with its interval and a star when the
@@ -12,174 +12,17 @@ interval excludes zero. Failed runs are listed with their reason and left out of
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ablate.core.tables import si
-from ablate.data import passes as data_passes
 from ablate.report import stats
+from ablate.report.run_records import RunRecord, budgeted, common_split
 
 if TYPE_CHECKING:
     from ablate.store.study import SweepContext
-
-METRICS = (("valid", "val/loss"), ("ar_hit", "val/ar_hit"), ("others", "val/others"))
-TRAIN_LOSS_POINTS = 5  # the training loss at a run's end: the mean of its last 5 logged values
-
-
-@dataclass
-class RunRecord:
-    variant: str
-    seed: int
-    size: str
-    state: str  # finished | failed | pruned | running | waiting
-    run_id: str | None
-    values: dict[str, float] = field(default_factory=dict)  # valid, ar_hit, others, ar_hit_share
-    reason: str = ""
-    searched: dict[str, Any] = field(default_factory=dict)
-    tags: dict[str, str] = field(default_factory=dict)
-    curve: list[tuple[float, float]] = field(default_factory=list)  # (tokens, val loss)
-    params: dict[str, str] = field(default_factory=dict)  # the run's MLflow params (flattened config)
-    layer_curves: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # rms/..., lambda/...
-    branched_from: str = ""  # a budget's run: the MLflow run it branched off (ablate.train.branches)
-    split_tokens: float = math.nan  # tokens of the training split it drew from (nan: a task, or unknown)
-
-    @property
-    def tokens(self) -> int:
-        """Training tokens of the run (its budget), from its tags; 0 if not recorded."""
-        return int(self.tags.get("ablate.tokens", 0))
-
-    @property
-    def passes(self) -> float:
-        """Passes the run made over its training split (ablate.data.passes); nan if unknown."""
-        return data_passes.passes(self.tokens, self.split_tokens) if self.tokens else math.nan
-
-    @property
-    def sampling(self) -> str:
-        """How the run drew its training windows (`data.sampling`; `random` where it did not record it)."""
-        return data_passes.sampling_of(self.params)
-
-
-def collect(
-    ctx: SweepContext, study: Any, with_curves: bool = True, budgets: bool = False
-) -> list[RunRecord]:
-    """One record per plan: its latest trial (`reported_trials`), with the MLflow run's final metrics; with
-    `budgets`, also one record per smaller budget's run of each trial (its branches, ablate.train.branches)."""
-    from optuna.trial import TrialState
-
-    from ablate.store.study import reported_trials
-
-    client = ctx.stores.client()
-    latest = reported_trials(study.get_trials(deepcopy=False))  # later trials (retries, extensions) win
-    states = {
-        TrialState.COMPLETE: "finished",
-        TrialState.FAIL: "failed",
-        TrialState.PRUNED: "pruned",
-        TrialState.RUNNING: "running",
-        TrialState.WAITING: "waiting",
-    }
-    records = []
-    for trial in latest.values():
-        attrs = trial.user_attrs
-        searched = {k: v for k, v in trial.params.items() if k.startswith("base.")}
-        plan = json.loads(attrs.get("plan") or "{}")
-        record = RunRecord(
-            variant=plan.get("variant", "?"),
-            seed=int(plan.get("seed", -1)),
-            size=plan.get("size", ""),
-            state=states.get(trial.state, str(trial.state)),
-            run_id=attrs.get("mlflow_run_id"),
-            reason=attrs.get("failure_reason", ""),
-            searched=searched,
-        )
-        if record.run_id:
-            _read_run(client, record, with_curves)
-        if record.state != "finished":  # a failed run's last numbers are not results
-            record.values = {k: math.nan for k in ("valid", "ar_hit", "others", "ar_hit_share")}
-        records.append(record)
-        if not budgets:
-            continue
-        for key, run_id in sorted(attrs.items()):
-            if key.startswith("budget_run:") and run_id != record.run_id:
-                branch = RunRecord(
-                    variant=record.variant,
-                    seed=record.seed,
-                    size=record.size,
-                    state="running",
-                    run_id=run_id,
-                    searched=searched,
-                    branched_from=record.run_id or "",
-                )
-                status = _read_run(client, branch, with_curves)
-                branch.state = {"FINISHED": "finished", "FAILED": "failed"}.get(status, "running")
-                if branch.state != "finished":
-                    branch.values = {k: math.nan for k in ("valid", "ar_hit", "others", "ar_hit_share")}
-                records.append(branch)
-    return records
-
-
-def _read_run(client: Any, record: RunRecord, with_curves: bool) -> str:
-    """Fill `record` from its MLflow run (final metrics, tags, params, curves); returns the run's status."""
-    run = client.get_run(record.run_id)
-    metrics = run.data.metrics
-    record.values = {name: metrics.get(key, math.nan) for name, key in METRICS}
-    record.values["ar_hit_share"] = metrics.get("val/ar_hit_share", math.nan)
-    record.values["train"] = train_loss_at_end(client, record.run_id)
-    record.tags = dict(run.data.tags)
-    record.params = dict(run.data.params)
-    record.split_tokens = split_tokens(client, record)
-    if with_curves:
-        tokens = {m.step: m.value for m in client.get_metric_history(record.run_id, "tokens")}
-        record.curve = [
-            (tokens.get(m.step, m.step), m.value)
-            for m in client.get_metric_history(record.run_id, "val/loss")
-        ]
-        record.layer_curves = layer_curves(client, record.run_id, metrics, tokens)
-    return run.info.status
-
-
-def split_tokens(client: Any, record: RunRecord) -> float:
-    """The training split's tokens the run drew from: its tag, or (runs trained before the tag) the
-    `data.json` it logged; nan for a task's run or when neither is there."""
-    from ablate.store.tracking import read_json_artifact
-
-    if data_passes.SPLIT_TAG in record.tags:
-        return float(record.tags[data_passes.SPLIT_TAG])
-    data = read_json_artifact(client, record.run_id, "data.json") or {}
-    return float(data.get("train_tokens", math.nan))
-
-
-def train_loss_at_end(client: Any, run_id: str, last: int = TRAIN_LOSS_POINTS) -> float:
-    """The mean of the run's last `last` logged training losses: its training loss where its validation
-    loss was taken, to set beside it (a generalization gap); nan if it logged none."""
-    values = [m.value for m in client.get_metric_history(run_id, "train/loss")][-last:]
-    values = [v for v in values if math.isfinite(v)]
-    return sum(values) / len(values) if values else math.nan
-
-
-def common_split(records: list[RunRecord]) -> float:
-    """The training split's tokens the runs share (nan when unknown or when they differ)."""
-    splits = {r.split_tokens for r in records if math.isfinite(r.split_tokens)}
-    return splits.pop() if len(splits) == 1 else math.nan
-
-
-def layer_curves(
-    client: Any,
-    run_id: str,
-    metrics: dict[str, float],
-    tokens: dict[int, float],
-) -> dict[str, list[tuple[float, float]]]:
-    """The per-layer statistics a run logged at its validations (ablate.train.layer_stats, lambda/layer_NN)."""
-    from ablate.report.checks import LAYER_PREFIXES
-
-    return {
-        key: [(tokens.get(m.step, m.step), m.value) for m in client.get_metric_history(run_id, key)]
-        for key in sorted(metrics)
-        if key.startswith(LAYER_PREFIXES)
-    }
 
 
 def best_per_variant(records: list[RunRecord]) -> tuple[list[RunRecord], list[str]]:
@@ -215,11 +58,6 @@ def edge_warnings(records: list[RunRecord], search: Any) -> list[str]:
                     "of the searched range; the optimum may lie outside it"
                 )
     return sorted(set(warnings))
-
-
-def budgeted(r: RunRecord) -> bool:
-    """Is this the run of a budgeted study's budget (ablate.train.branches tags it with its steps)?"""
-    return bool(r.tags.get("ablate.budget_steps"))
 
 
 def pair_key(r: RunRecord) -> Any:
@@ -276,10 +114,37 @@ def table_rows(
     sizes = size_order(ctx, records)
     diffs = row_diffs(order, records)
     marks = marks or {}
+    labels = row_labels(ctx)
     paper = ctx.scale == "paper" and any(v.paper for v in ctx.recipe.variants.values())
-    headers = (
+    headers = _headers(any(sizes), paper)
+    rows, csv_rows = [], []
+    for size in sizes:
+        first = next((v for v in order if (size, v) in by_key), None)
+        for variant in order:
+            group = by_key.get((size, variant))
+            if not group:
+                continue
+            label = labels[variant] + (f" {marks[(size, variant)]}" if marks.get((size, variant)) else "")
+            row = [label] + ([size] if any(sizes) else []) + _cells(group, diffs.get((size, variant)), first)
+            if paper:
+                p = ctx.recipe.variants[variant].paper or {}
+                row.append(
+                    " / ".join(f"{p[k]:.3f}" if k in p else "-" for k in ("valid", "ar_hit", "others"))
+                )
+            rows.append(row)
+            csv_rows += [_csv_row(r, labels[variant], size) for r in group]
+    if not any(math.isfinite(r.values.get("ar_hit", math.nan)) for r in records if r.state == "finished"):
+        # A task recipe (or any run without the bigram split): no AR-Hit slices, so no columns of n/a.
+        keep = [i for i, h in enumerate(headers) if h not in AR_HIT_COLUMNS]
+        headers = [headers[i] for i in keep]
+        rows = [[row[i] for i in keep] for row in rows]
+    return headers, rows, csv_rows
+
+
+def _headers(sized: bool, paper: bool) -> list[str]:
+    return (
         ["Model"]
-        + (["size"] if any(sizes) else [])
+        + (["size"] if sized else [])
         + [
             "#heads",
             "d",
@@ -293,81 +158,53 @@ def table_rows(
         ]
         + (["paper Valid / AR-Hit / Others"] if paper else [])
     )
-    rows, csv_rows = [], []
-    for size in sizes:
-        first = next((v for v in order if (size, v) in by_key), None)
-        for variant in order:
-            group = by_key.get((size, variant))
-            if not group:
-                continue
-            spec = ctx.recipe.variants[variant]
-            tags = next((r.tags for r in group if r.tags), {})
-            finished = [r for r in group if r.state == "finished"]
-            cells = {
-                name: stats.mean_ci([r.values.get(name, math.nan) for r in finished])
-                for name in ("valid", "ar_hit", "others", "ar_hit_share")
-            }
-            if variant == first:
-                diff_text = "(reference)"
-            else:
-                diff = diffs[(size, variant)]
-                diff_text = stats.format_diff(diff) + (
-                    f" ({stats.format_p(diff.p_value)})" if diff.n >= 2 else ""
-                )
-            failed = [r for r in group if r.state in ("failed", "pruned")]
-            seeds_text = f"{len(finished)}/{len(group)}" + "".join(
-                f"; seed {r.seed} {r.state.upper()}: {r.reason or '-'}" for r in failed
-            )
-            label = row_labels(ctx)[variant] + (
-                f" {marks[(size, variant)]}" if marks.get((size, variant)) else ""
-            )
-            row = (
-                [label]
-                + ([size] if any(sizes) else [])
-                + [
-                    tags.get("ablate.heads", "?"),
-                    tags.get("ablate.head_width", "?"),
-                    tags.get("ablate.gn", "?"),
-                    stats.format_ci(cells["valid"]),
-                    stats.format_ci(cells["ar_hit"]),
-                    stats.format_ci(cells["others"]),
-                    f"{cells['ar_hit_share'].mean:.1%}"
-                    if math.isfinite(cells["ar_hit_share"].mean)
-                    else "n/a",
-                    diff_text,
-                    seeds_text,
-                ]
-            )
-            if paper:
-                p = spec.paper or {}
-                row.append(
-                    " / ".join(f"{p[k]:.3f}" if k in p else "-" for k in ("valid", "ar_hit", "others"))
-                )
-            rows.append(row)
-            for r in group:
-                csv_rows.append(
-                    {
-                        "variant": variant,
-                        "label": row_labels(ctx)[variant],
-                        "size": size,
-                        "seed": r.seed,
-                        "state": r.state,
-                        "reason": r.reason,
-                        **{
-                            k: r.values.get(k, math.nan)
-                            for k in ("valid", "ar_hit", "others", "ar_hit_share")
-                        },
-                        "train_loss_end": r.values.get("train", math.nan),
-                        "mlflow_run_id": r.run_id or "",
-                        **r.searched,
-                    }
-                )
-    if not any(math.isfinite(r.values.get("ar_hit", math.nan)) for r in records if r.state == "finished"):
-        # A task recipe (or any run without the bigram split): no AR-Hit slices, so no columns of n/a.
-        keep = [i for i, h in enumerate(headers) if h not in AR_HIT_COLUMNS]
-        headers = [headers[i] for i in keep]
-        rows = [[row[i] for i in keep] for row in rows]
-    return headers, rows, csv_rows
+
+
+def _cells(group: list[RunRecord], diff: Any, first: str | None) -> list[str]:
+    """One row's cells from `#heads` to `seeds`: its runs' shape tags, each metric's mean [95% CI] over
+    the finished runs, the paired difference to the reference (`diff`; None for the reference itself,
+    the size's `first` row), and how many seeds finished, with each failed one's reason."""
+    tags = next((r.tags for r in group if r.tags), {})
+    finished = [r for r in group if r.state == "finished"]
+    cells = {
+        name: stats.mean_ci([r.values.get(name, math.nan) for r in finished])
+        for name in ("valid", "ar_hit", "others", "ar_hit_share")
+    }
+    if group[0].variant == first:
+        diff_text = "(reference)"
+    else:
+        diff_text = stats.format_diff(diff) + (f" ({stats.format_p(diff.p_value)})" if diff.n >= 2 else "")
+    failed = [r for r in group if r.state in ("failed", "pruned")]
+    seeds_text = f"{len(finished)}/{len(group)}" + "".join(
+        f"; seed {r.seed} {r.state.upper()}: {r.reason or '-'}" for r in failed
+    )
+    return [
+        tags.get("ablate.heads", "?"),
+        tags.get("ablate.head_width", "?"),
+        tags.get("ablate.gn", "?"),
+        stats.format_ci(cells["valid"]),
+        stats.format_ci(cells["ar_hit"]),
+        stats.format_ci(cells["others"]),
+        f"{cells['ar_hit_share'].mean:.1%}" if math.isfinite(cells["ar_hit_share"].mean) else "n/a",
+        diff_text,
+        seeds_text,
+    ]
+
+
+def _csv_row(r: RunRecord, label: str, size: str) -> dict[str, Any]:
+    """One run's line of `table.csv`."""
+    return {
+        "variant": r.variant,
+        "label": label,
+        "size": size,
+        "seed": r.seed,
+        "state": r.state,
+        "reason": r.reason,
+        **{k: r.values.get(k, math.nan) for k in ("valid", "ar_hit", "others", "ar_hit_share")},
+        "train_loss_end": r.values.get("train", math.nan),
+        "mlflow_run_id": r.run_id or "",
+        **r.searched,
+    }
 
 
 AR_HIT_COLUMNS = ("AR-Hit", "Others", "AR-Hit share")
@@ -488,78 +325,6 @@ def plot_loss_curves(
         "One line per run (seed), markers at its validations; one colour per variant, one legend entry each."
     )
     return plot_style.save(fig, path, caption=caption)
-
-
-@dataclass
-class Honesty:
-    """What the report says about itself (ablate.report.checks): lines under the title, row marks, notes
-    under the table, per-run convergence, and the lr-sensitivity section (empty without a search)."""
-
-    header: list[str]
-    marks: dict[tuple[str, str], str]
-    notes: list[str]
-    convergence: dict[str, Any]
-    sensitivity: str = ""
-    layers: str = ""  # per-layer statistics per row (why a row lags)
-    sensitivity_rows: list[dict[str, Any]] = field(default_factory=list)  # lr_sensitivity.csv
-    layer_rows: list[dict[str, Any]] = field(default_factory=list)  # layer_stats.csv
-
-
-def honesty_checks(ctx: SweepContext, all_records: list[RunRecord], records: list[RunRecord]) -> Honesty:
-    """`records`: the runs the table shows; `all_records`: every run of the sweep (every searched point)."""
-    from ablate.report import checks as rc
-
-    convergence = rc.convergence_by_run(records)
-    groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
-    for r in records:
-        if r.run_id in convergence:
-            groups[(r.size, r.variant)].append(convergence[r.run_id])
-    marks = {key: mark for key, cs in groups.items() if (mark := rc.row_mark(cs))}
-    for r in records:  # a row that read its text again says so beside its convergence mark
-        if r.state == "finished" and data_passes.repeats(r.passes):
-            key = (r.size, r.variant)
-            marks[key] = marks.get(key, "").replace(data_passes.REPEATS, "") + data_passes.REPEATS
-    purpose = rc.scale_purpose(ctx.recipe.scale_overlay(ctx.scale).purpose, ctx.scale)
-    searched = sorted({k[len("base.") :] for r in all_records for k in r.searched})
-    if searched:  # the scale's purpose line describes its seeded table, not a search at that scale
-        seeds = sorted({r.seed for r in all_records})
-        purpose = (
-            f"A search over {', '.join(searched)} at scale {ctx.scale}, seed{'s' * (len(seeds) != 1)} "
-            f"{', '.join(map(str, seeds))}: it chooses the setting; each row is shown at its best point."
-        )
-    overridden = getattr(ctx.recipe, "base_overrides", [])
-    if purpose and overridden:  # the scale's words describe its own settings, not what an override ran
-        changed = ", ".join(f"`{key}={value}`" for key, value in overridden)
-        purpose += f" (The scale's own words: these runs overrode {changed}; the lines below say what ran.)"
-    data = rc.data_line(records)
-    header = ([purpose] if purpose else []) + [
-        rc.tokens_and_convergence(records, convergence),
-        *([data] if data else []),
-        rc.lr_protocol(records, searched=any(r.searched for r in all_records)),
-    ]
-    notes = []
-    if any(rc.NOT_CONVERGED in m for m in marks.values()):
-        notes.append(
-            f"{rc.NOT_CONVERGED}: at least one run of the row had not converged (its fitted loss curve "
-            "predicts 1% or more lower loss from twice the tokens)."
-        )
-    if any(rc.UNKNOWN in m for m in marks.values()):
-        notes.append(
-            f"{rc.UNKNOWN}: a run of the row had too few validations after warmup to fit a loss curve."
-        )
-    if any(data_passes.REPEATS in m for m in marks.values()):
-        notes.append(
-            f"{data_passes.REPEATS}: at least one run of the row made more than one pass over its training "
-            "split (table.csv's `passes`)."
-        )
-    if rc.all_intervals_contain_zero(row_diffs(list(ctx.recipe.variants), records).values()):
-        notes.append(rc.ALL_CONTAIN_ZERO)
-    sensitivity = rc.lr_sensitivity(all_records, list(ctx.recipe.variants), size_order(ctx, all_records))
-    labels = row_labels(ctx)
-    text = rc.sensitivity_markdown(sensitivity, labels) if sensitivity else ""
-    grid = rc.sensitivity_rows(sensitivity, labels) if sensitivity else []
-    layers, layer_rows = rc.layer_report(records, list(ctx.recipe.variants), labels)
-    return Honesty(header, marks, notes, convergence, text, layers, grid, layer_rows)
 
 
 def row_labels(ctx: SweepContext) -> dict[str, str]:

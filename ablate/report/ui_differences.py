@@ -4,8 +4,8 @@ The question a study answers is a paired difference: a row minus the reference r
 recipe at its size), over seeds, with its 95% interval, and how it moves as tokens grow. MLflow's charts
 neither subtract runs nor draw a band over seeds, so the differences are logged as metrics of the parent
 run, which `ablate.store.comparison` charts. Every value comes from `ablate.report.stats.paired_difference`
-on the runs `ablate.report.table.collect` reads, the functions the report's table and its budget section
-use: the last point of a row's curve is the table's Δ, a budget's point is its `gap_vs_tokens.csv` row.
+on the runs `ablate.report.run_records.collect` reads, the functions the report's table and its budget
+section use: the last point of a row's curve is the table's Δ, a budget's point is its `gap_vs_tokens.csv` row.
 
 Series of the parent run (MLflow's step is an integer: the training tokens of the point):
 
@@ -32,7 +32,8 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 from ablate.report import stats
-from ablate.report.table import METRICS, RunRecord, best_per_variant, collect, pair_key, row_labels
+from ablate.report.run_records import METRICS, RunRecord, collect
+from ablate.report.table import best_per_variant, pair_key, row_labels
 from ablate.store.difference_keys import (
     BUDGET,
     DIFF,
@@ -128,7 +129,7 @@ def budget_series(
     order: list[str], records: list[RunRecord], labels: dict[str, str], settled: set[tuple[str, str]]
 ) -> dict[str, dict[int, float]]:
     """A budget study's difference at each budget (the report's `gap_vs_tokens.csv` rows)."""
-    from ablate.report.budgets import gap_rows
+    from ablate.report.budget_gaps import gap_rows
 
     series: dict[str, dict[int, float]] = defaultdict(dict)
     for row in gap_rows(order, records, labels):

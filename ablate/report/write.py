@@ -1,9 +1,9 @@
 """A finished sweep's report folder, every part of it, written and attached to MLflow (`ablate report`).
 
-The table and its checks come from `ablate.report.table`; the probe sections (`ablate.report.probes`),
-a task recipe's tables (`ablate.report.tasks`) and a budgeted study's trend (`ablate.report.budgets`) are
-added when the runs have them. This module is the one that knows all parts, so the parts need not know
-each other.
+The runs come from `ablate.report.run_records`, the table from `ablate.report.table` and its checks
+from `ablate.report.honesty`; the probe sections (`ablate.report.probes`), a task recipe's tables
+(`ablate.report.tasks`) and a budgeted study's trend (`ablate.report.budgets`) are added when the runs
+have them. This module is the one that knows all parts, so the parts need not know each other.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from ablate.core.tables import markdown_table
 from ablate.report import tasks as task_report
 from ablate.report.checks import passes_columns
 from ablate.report.folder import writing
+from ablate.report.honesty import honesty_checks
+from ablate.report.run_records import collect
 from ablate.report.table import (
     add_convergence_columns,
     best_per_variant,
-    collect,
     comparisons_note,
     edge_warnings,
-    honesty_checks,
     paper_rows,
     plot_loss_curves,
     precisions,
@@ -63,15 +63,7 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path, compare_with: list
     warnings = edge_warnings(records, ctx.search)
     folder.mkdir(parents=True, exist_ok=True)
     honesty = honesty_checks(ctx, all_records, records)
-    budgeted = (
-        ctx.recipe.budgets(ctx.scale) is not None
-    )  # every row at every token budget (ablate.recipe.budgets)
-    budget_records = collect(ctx, study, with_curves=False, budgets=True) if budgeted else []
-    family = None
-    if budgeted:  # Holm over the study's comparisons, not the table's (ablate.report.holm_family)
-        from ablate.report.holm_family import budget_family
-
-        family = budget_family(list(ctx.recipe.variants), row_labels(ctx), budget_records)
+    budget_records, family = _budget_family(ctx, study)
     headers, rows, _ = table_rows(ctx, records, marks=honesty.marks)
     csv_rows = table_rows(ctx, all_records)[2]  # every run of the study, every searched point
     shown = {r.run_id for r in records}
@@ -81,6 +73,65 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path, compare_with: list
     passes_columns(csv_rows, all_records)
     table = markdown_table(headers, rows)
     title = f"# {ctx.recipe.name} at scale {ctx.scale}\n\n" + "\n\n".join(honesty.header)
+    notes = _notes(ctx, records, headers, chosen, warnings, family) + honesty.notes
+    sections, transfer = _sections(ctx, all_records, honesty, folder)
+    (folder / "table.md").write_text(f"{title}\n\n{table}\n\n" + "\n\n".join(notes) + "\n" + sections)
+    write_csv(folder / "table.csv", csv_rows)
+    write_csv(folder / "summary.csv", summary_rows(ctx, records, family))
+    if paper := paper_rows(ctx):
+        write_csv(folder / "paper.csv", paper)
+    plot_loss_curves(records, row_labels(ctx), folder / "loss_curves.png", list(ctx.recipe.variants))
+    more = _other_reports(ctx, study, records, budget_records, folder, compare_with)
+    if not ctx.stores.from_export:  # the runs behind each file above: `ablate report --from` rebuilds them
+        settings = export_settings(ctx) | ({"compare_with": compare_with} if compare_with else {})
+        write_export(ctx.stores.client(), study, settings, folder)
+    files = (
+        ", `loss_curves.png`"
+        + (", `lr_sensitivity.md`, `lr_sensitivity.csv`" if honesty.sensitivity else "")
+        + (
+            ", `transfer.csv` (each row's best lr per size, and its move from the smallest)"
+            if transfer
+            else ""
+        )
+        + (", `layer_stats.csv` (the residual-stream table's cells)" if honesty.layers else "")
+        + "".join(f", `{path.name}`" for path in more)
+    )
+    shown_runs = len(records) if chosen else 0
+    header = _readme_header(ctx, study, all_records, budget_records, shown_runs, bool(paper), files)
+    readme = folder / "README.md"  # written last: its header lists every file the report wrote
+    kept = hand_written(readme.read_text(), header) if readme.exists() else ""
+    readme.write_text(header + (f"\n{kept}" if kept else ""))
+    return (
+        "\n".join(honesty.header)
+        + f"\n\n{table}\n"
+        + "".join(f"\n{n}" for n in honesty.notes)
+        + (f"\n\n{honesty.sensitivity}" if honesty.sensitivity else "")
+    )
+
+
+def _budget_family(ctx: SweepContext, study: Any) -> tuple[list[Any], tuple[dict, int] | None]:
+    """A budgeted study's runs at every token budget (ablate.recipe.budgets) and Holm's family over them:
+    the table's stars are corrected over the study's comparisons, not the table's
+    (ablate.report.holm_family); ([], None) for a study without budgets."""
+    if ctx.recipe.budgets(ctx.scale) is None:
+        return [], None
+    from ablate.report.holm_family import budget_family
+
+    budget_records = collect(ctx, study, with_curves=False, budgets=True)
+    return budget_records, budget_family(list(ctx.recipe.variants), row_labels(ctx), budget_records)
+
+
+def _notes(
+    ctx: SweepContext,
+    records: list[Any],
+    headers: list[str],
+    chosen: list[str],
+    warnings: list[str],
+    family: tuple[dict, int] | None,
+) -> list[str]:
+    """The notes under the table: what its cells are, its comparisons (their stars corrected over
+    `family` where given), failed runs, the search's choices and warnings (the honesty checks' notes
+    follow them)."""
     notes = [
         "Cells: mean over seeds [95% Student-t interval]. Δ: paired by seed against the first row; "
         "* when the interval excludes 0."
@@ -98,8 +149,12 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path, compare_with: list
         notes.append("Failed or pruned runs are counted in the seeds column and left out of the statistics.")
     if chosen:
         notes.append("Best over the search per variant: " + "; ".join(chosen) + ".")
-    notes += [f"WARNING: {w}" for w in warnings]
-    notes += honesty.notes
+    return notes + [f"WARNING: {w}" for w in warnings]
+
+
+def _sections(ctx: SweepContext, all_records: list[Any], honesty: Any, folder: Path) -> tuple[str, list[Any]]:
+    """The sections below the table's notes (sensitivity to the searched grid, lr transfer across sizes,
+    the residual stream), with their files written into `folder`; and the transfer table's choices."""
     sections = ""
     if honesty.sensitivity:
         (folder / "lr_sensitivity.md").write_text(
@@ -117,19 +172,26 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path, compare_with: list
     if honesty.layers:
         sections += f"\n## Residual stream: why a row may lag\n\n{honesty.layers}"
         write_csv(folder / "layer_stats.csv", honesty.layer_rows)
-    (folder / "table.md").write_text(f"{title}\n\n{table}\n\n" + "\n\n".join(notes) + "\n" + sections)
-    write_csv(folder / "table.csv", csv_rows)
-    write_csv(folder / "summary.csv", summary_rows(ctx, records, family))
-    if paper := paper_rows(ctx):
-        write_csv(folder / "paper.csv", paper)
-    plot_loss_curves(records, row_labels(ctx), folder / "loss_curves.png", list(ctx.recipe.variants))
+    return sections, transfer
+
+
+def _other_reports(
+    ctx: SweepContext,
+    study: Any,
+    records: list[Any],
+    budget_records: list[Any],
+    folder: Path,
+    compare_with: list[str],
+) -> list[Path]:
+    """The parts the runs have beyond the table: probes, a task's tables, every token budget (of
+    `budget_records`), the runs beside other report folders' (`compare_with`); their files."""
     from ablate.report.probes import write_probe_report
 
     # Table 5 / Figure 8 when runs were probed (`ablate eval`)
     more = write_probe_report(ctx, records, folder)
     if task_report.is_task_recipe(ctx):  # Tables 2-3 and Figure 5 of a recipe whose data is a task
         more += task_report.write_task_report(ctx, records, folder)
-    if budgeted:
+    if ctx.recipe.budgets(ctx.scale) is not None:  # every row at every token budget (ablate.recipe.budgets)
         from ablate.report.budgets import write_budget_report
 
         more += write_budget_report(ctx, study, budget_records, folder)
@@ -137,39 +199,34 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path, compare_with: list
         from ablate.report.compare_runs import write_comparisons
 
         more += write_comparisons(folder, ctx.stores.client(), compare_with)
-    from_export = ctx.stores.from_export
-    if not from_export:  # the runs behind every file above, so `ablate report --from` rebuilds them
-        settings = export_settings(ctx) | ({"compare_with": compare_with} if compare_with else {})
-        write_export(ctx.stores.client(), study, settings, folder)
-    shown = f"; the table shows each variant's best, {len(records)} runs" if chosen else ""
-    header = (
+    return more
+
+
+def _readme_header(
+    ctx: SweepContext,
+    study: Any,
+    all_records: list[Any],
+    budget_records: list[Any],
+    shown: int,
+    paper: bool,
+    files: str,
+) -> str:
+    """The generated part of the folder's README: how the report was made and what each file is (the
+    code versions of every run, a budgeted study's budgets' too); `shown`: how many runs the table shows
+    when it shows each variant's best of a search (else 0); `files`: the list after `loss_curves.png`'s
+    place, each starting with a comma."""
+    shown_text = f"; the table shows each variant's best, {shown} runs" if shown else ""
+    return (
         f"# How this report was made\n\n- command: `{study_command(study)}`\n- recipe: `{ctx.recipe.path}` (scale `{ctx.scale}`, "
-        f"seeds {sorted({r.seed for r in all_records}) or ctx.seeds})\n- study: `{ctx.study_name}` ({len(all_records)} runs{shown})\n"
+        f"seeds {sorted({r.seed for r in all_records}) or ctx.seeds})\n- study: `{ctx.study_name}` ({len(all_records)} runs{shown_text})\n"
         f"- code version of the runs: {runs_code_versions(all_records + budget_records)}\n- date: {study_date(study)}\n"
         f"- {study_time(study)}\n- precision: {precisions(all_records)}\n"
         f"- files: `table.md`, `table.csv` (one row per run of the study; `in_table`: the table's), "
         "`summary.csv` (the table's cells as numbers)"
         + (", `paper.csv` (the paper's numbers the recipe quotes)" if paper else "")
-        + ", `loss_curves.png`"
-        + (", `lr_sensitivity.md`, `lr_sensitivity.csv`" if honesty.sensitivity else "")
-        + (
-            ", `transfer.csv` (each row's best lr per size, and its move from the smallest)"
-            if transfer
-            else ""
-        )
-        + (", `layer_stats.csv` (the residual-stream table's cells)" if honesty.layers else "")
-        + "".join(f", `{path.name}`" for path in more)
+        + files
         + f", `{RUNS_FILE}` and `{METRICS_FILE}` (the runs: config, tags, params, every metric series; "
         + "`ablate report --from` rebuilds this folder from them)\n"
-    )
-    readme = folder / "README.md"  # written last: its header lists every file the report wrote
-    kept = hand_written(readme.read_text(), header) if readme.exists() else ""
-    readme.write_text(header + (f"\n{kept}" if kept else ""))
-    return (
-        "\n".join(honesty.header)
-        + f"\n\n{table}\n"
-        + "".join(f"\n{n}" for n in honesty.notes)
-        + (f"\n\n{honesty.sensitivity}" if honesty.sensitivity else "")
     )
 
 

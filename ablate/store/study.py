@@ -1,7 +1,7 @@
 """A sweep's Optuna study, read and located: where it lives (storage), what it is called, how far it is.
 
-The layer under `ablate.sweep` (which enqueues and trains) and beside `ablate.report.table` and
-`ablate.report.fit_runs` (which only read a study and its finished MLflow runs): all three import this module,
+The layer under `ablate.sweep` (which enqueues and trains) and beside `ablate.report.run_records`
+and `ablate.report.fit_runs` (which only read a study and its finished MLflow runs): all three import this module,
 so neither reader imports the sweep, and nothing here builds a model.
 """
 

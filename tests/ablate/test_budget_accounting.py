@@ -1,4 +1,4 @@
-"""A budgeted study's accounting (ablate.report.budgets): what its budgets cost in tokens (`time_rows`)
+"""A budgeted study's accounting (ablate.report.budget_cost): what its budgets cost in tokens (`time_rows`)
 for a (row, seed) extended twice (budgets 10, 20 from step 0, then 40 continued from step 16, then 80 from
 step 32), and which rows miss a budget (`rows_short_of_budgets`)."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from ablate.report.budgets import rows_short_of_budgets, time_rows
-from ablate.report.table import RunRecord
+from ablate.report.budget_cost import time_rows
+from ablate.report.budget_gaps import rows_short_of_budgets
+from ablate.report.run_records import RunRecord
 
 PER_STEP = 7  # tokens per optimizer step
 FRACTION = 0.2

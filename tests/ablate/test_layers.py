@@ -248,8 +248,8 @@ def test_no_module_is_left_at_the_top_but_the_command_line():
         ),
         (  # downward, but never: the sweep's workers know nothing of reports
             "ablate/sweep/worker.py",
-            "from ablate.report.table import collect\n",
-            "ablate.sweep.worker (sweep) imports ablate.report.table: sweep never imports report",
+            "from ablate.report.run_records import collect\n",
+            "ablate.sweep.worker (sweep) imports ablate.report.run_records: sweep never imports report",
         ),
         (
             "ablate/probes/run.py",

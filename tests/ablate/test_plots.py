@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ablate.core import plot_style
-from ablate.report.table import RunRecord
+from ablate.report.run_records import RunRecord
 
 ORDER = ["transformer", "transformer_d256", "diff"]
 LABELS = {"transformer": "Transformer", "transformer_d256": "Transformer", "diff": "Diff Transformer"}

@@ -109,8 +109,9 @@ def test_the_budget_report_sets_the_predictions_beside_the_measured_gaps(tmp_pat
 
 
 def test_the_budget_reports_extrapolation_is_not_quoted_when_a_fit_sits_at_a_bound():
-    from ablate.report.budgets import doubling_rows, trend_rows, trend_sentence
-    from ablate.report.table import RunRecord
+    from ablate.report.budget_gaps import doubling_rows, trend_rows
+    from ablate.report.budgets import trend_sentence
+    from ablate.report.run_records import RunRecord
 
     order = ["transformer", "diff", STRAIGHT]
     labels = {v: v.title() for v in order}

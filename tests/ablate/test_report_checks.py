@@ -9,8 +9,10 @@ from types import SimpleNamespace
 import pytest
 
 from ablate.report import checks as rc
+from ablate.report.honesty import honesty_checks
+from ablate.report.run_records import RunRecord
 from ablate.report.stats import paired_difference
-from ablate.report.table import RunRecord, honesty_checks, row_diffs, table_rows
+from ablate.report.table import row_diffs, table_rows
 
 WARMUP = 10_000.0  # tokens: 10 steps x 1000
 VALIDATIONS = [2e4, 4e4, 6e4, 8e4, 1e5]

@@ -292,7 +292,7 @@ def test_a_budgeted_sweep_reports_every_budget_the_gap_and_its_trend_and_fits_on
 def test_the_budget_gaps_are_one_family_under_holm():
     """Every row at every budget is one family: p-values (0.001, 0.009, 0.03, 0.3) over 4 comparisons.
     Holm by hand: 0.001 <= 0.05/4 rejects, 0.009 <= 0.05/3 rejects, 0.03 > 0.05/2 stops."""
-    from ablate.report.budgets import holm_over_budgets
+    from ablate.report.budget_gaps import holm_over_budgets
 
     def gap(label, tokens, p, lo):
         return {"label": label, "tokens": tokens, "p_value": p, "lo": lo, "hi": lo + 0.1}

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from mini_project import write_recipe
 
 from ablate.recipe.resolve import load_recipe
-from ablate.report.budgets import train_seconds
+from ablate.report.budget_cost import train_seconds
 from ablate.store.export import RUNS_FILE, write_export
 from ablate.store.stores import Stores
 from ablate.store.study import open_study

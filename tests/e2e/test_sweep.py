@@ -20,7 +20,8 @@ from optuna.trial import TrialState
 
 from ablate.cli import main
 from ablate.recipe.resolve import Variant
-from ablate.report.table import RunRecord, comparisons_note, table_rows
+from ablate.report.run_records import RunRecord
+from ablate.report.table import comparisons_note, table_rows
 from ablate.store.stores import Stores
 
 
