@@ -111,22 +111,16 @@ def run_bench(
     from ablate.hardware.device import device_ops
     from ablate.hardware.precision import compute_dtype
     from ablate.recipe.resolve import load_recipe
-    from ablate.train.step_precision import choose_step_precision, time_step
+    from ablate.train.bench_results import write_results
 
     variants = list(variants)
-    if seq_lens is None:
-        seq_lens = lib.default_seq_lens(load_recipe(recipe_path, list(overrides), scale=scale))
-    seq_lens = [int(n) for n in seq_lens]
+    seq_lens = _seq_lens(seq_lens, recipe_path, overrides, scale)
     _check(rounds, tokens_per_step, seq_lens, batch_size, variants, backend, precision)
     ops = ops or device_ops(device)
     recipe = load_recipe(recipe_path, list(overrides), scale=scale)
     configs = lib.bench_configs(recipe, variants, backend)
-    # `auto` on a CPU claiming native bf16: the first arm's whole training step, timed both ways
-    first = seq_lens[0]
-    chosen, why, _ = choose_step_precision(
-        precision, ops.device, configs[variants[0]], first, batch_size or max(1, tokens_per_step // first),
-        key="--precision", timer=step_timer or time_step,
-    )  # fmt: skip
+    batch = batch_size or max(1, tokens_per_step // seq_lens[0])
+    chosen, why = _step_precision(precision, ops, configs[variants[0]], seq_lens[0], batch, step_timer)
     say = lib.printer(echo)
     say(f"precision: {chosen} ({why})")
     malloc = tune_glibc_malloc() if tune_malloc else "glibc malloc defaults"
@@ -160,9 +154,33 @@ def run_bench(
         **{"compile": compile, "loads": (load_before, os.getloadavg()), "malloc": malloc, "say": say},
         **{"foreign": foreign.fraction(), "repeated": repeated},
     }
-    folder = Path(out)
-    say(lib.write_results(folder, arms, configs, models, context))
-    return folder
+    say(write_results(Path(out), arms, configs, models, context))
+    return Path(out)
+
+
+def _seq_lens(
+    seq_lens: Sequence[int] | None, recipe_path: str, overrides: Sequence[tuple[str, Any]], scale: str
+) -> list[int]:
+    """The lengths to time: those given, else the recipe's at `scale` (ablate.train.bench.default_seq_lens)."""
+    if seq_lens is None:
+        import ablate.train.bench as lib
+        from ablate.recipe.resolve import load_recipe
+
+        seq_lens = lib.default_seq_lens(load_recipe(recipe_path, list(overrides), scale=scale))
+    return [int(n) for n in seq_lens]
+
+
+def _step_precision(
+    precision: str, ops: Any, config: Any, seq_len: int, batch: int, step_timer: Any
+) -> tuple[str, str]:
+    """The precision the arms run in and why; `auto` on a CPU claiming native bf16: the first arm's whole
+    training step, timed both ways (ablate.train.step_precision)."""
+    from ablate.train.step_precision import choose_step_precision, time_step
+
+    chosen, why, _ = choose_step_precision(
+        precision, ops.device, config, seq_len, batch, key="--precision", timer=step_timer or time_step
+    )
+    return chosen, why
 
 
 def _check(

@@ -20,13 +20,9 @@ from ablate.hardware.precision import ENV, autocast
 from ablate.model.cost import model_cost
 from ablate.recipe.resolve import load_recipe
 from ablate.sweep.estimate import calibrate
-from ablate.train.bench import (
-    COLUMNS,
-    PEAK_SUSPECT,
-    flop_ceilings,
-    matmul_peak,
-    model_flop_utilization,
-)
+from ablate.train.bench import matmul_peak
+from ablate.train.bench_ceilings import flop_ceilings
+from ablate.train.bench_results import COLUMNS, PEAK_SUSPECT, model_flop_utilization
 from ablate.verbs.bench import run_bench
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "table6.yaml"
@@ -95,7 +91,7 @@ def test_the_default_rows_hold_the_scales_training_length():
 def test_the_kernel_is_named_per_sequence_length_where_auto_chooses_by_length():
     """`auto` picks diff's CPU core by sequence length (`combined` up to 256): the markdown names each kernel
     with its lengths, and each ratios.csv row the kernel that ran at its length."""
-    from ablate.train.bench import _kernels_by_length, ratios
+    from ablate.train.bench_results import _kernels_by_length, ratios
 
     kernel_at = {("transformer", 256): "sdpa", ("transformer", 512): "sdpa"}
     kernel_at |= {("diff", 256): "combined", ("diff", 512): "sdpa_padded"}
