@@ -222,43 +222,16 @@ def fit_arch(
     runs = sorted({p.run_id for p in pts})
     run_of = {r: i for i, r in enumerate(runs)}
     run_index = np.array([run_of[p.run_id] for p in pts])
-    notes = []
     if n_boot > 0:
         rng = _arch_rng(seed, "" if paired else arch)
         weights, redrawn = draw_weights(form, logv, run_index, n_boot, rng)
         boot = refit_all(x, loss, weights, boot_starts, n_jobs)
-        pub = [theta_to_params(form, t, centre) for t in boot]
-        q = [50 * (1 - level), 50 * (1 + level)]
-        ci = {}
-        for name in form.param_names:
-            lo, hi = np.percentile([p[name] for p in pub], q)
-            ci[name] = (float(lo), float(hi))
-        if redrawn:
-            notes.append(
-                f"{redrawn} bootstrap draws left the form unidentifiable (fewer than {MIN_DISTINCT} distinct "
-                "values of a variable, or fewer distinct points than parameters) and were redrawn"
-            )
-        if len(runs) < 10:
-            notes.append(f"only {len(runs)} runs: bootstrap intervals over so few runs are rough")
+        ci = _percentile_intervals(form, boot, centre, level)
+        notes = _bootstrap_notes(redrawn, len(runs))
     else:
-        boot, redrawn = np.empty((0, theta.size)), 0
+        boot, redrawn, notes = np.empty((0, theta.size)), 0, []
         ci = {name: (math.nan, math.nan) for name in form.param_names}
-
-    per_run = np.bincount(run_index)
-    if "tokens" in form.variables and per_run.max() > 1:
-        notes.append(
-            f"{int((per_run > 1).sum())} of {len(runs)} runs contribute several checkpoints: a checkpoint "
-            "inside a run is not a separate run at that token budget (its LR schedule differs); the "
-            "bootstrap resamples whole runs"
-        )
-    for var in ("params", "tokens"):
-        if var not in form.variables and len({getattr(p, var) for p in pts}) > 1:
-            notes.append(f"points differ in {var}, which the {form.name} form ignores")
-    if bound := e_bound(float(theta[0]), float(loss.min())):
-        notes.append(
-            f"E sits at its {bound} (E = {theta[0]:.4g}): the points do not pin the irreducible loss, so the "
-            "fit's values beyond them follow from the bound, not the data; do not quote its extrapolations"
-        )
+    notes += _data_notes(form, pts, run_index, float(theta[0]), float(loss.min()))
 
     return ArchFit(
         arch=arch,
@@ -282,3 +255,50 @@ def fit_arch(
         boot_theta=boot,
         points=list(pts),
     )
+
+
+def _percentile_intervals(
+    form: Form, boot: np.ndarray, centre: np.ndarray, level: float
+) -> dict[str, tuple[float, float]]:
+    """Each parameter's percentile interval at `level` over the bootstrap's refits."""
+    pub = [theta_to_params(form, t, centre) for t in boot]
+    q = [50 * (1 - level), 50 * (1 + level)]
+    ci = {}
+    for name in form.param_names:
+        lo, hi = np.percentile([p[name] for p in pub], q)
+        ci[name] = (float(lo), float(hi))
+    return ci
+
+
+def _bootstrap_notes(redrawn: int, n_runs: int) -> list[str]:
+    notes = []
+    if redrawn:
+        notes.append(
+            f"{redrawn} bootstrap draws left the form unidentifiable (fewer than {MIN_DISTINCT} distinct "
+            "values of a variable, or fewer distinct points than parameters) and were redrawn"
+        )
+    if n_runs < 10:
+        notes.append(f"only {n_runs} runs: bootstrap intervals over so few runs are rough")
+    return notes
+
+
+def _data_notes(form: Form, pts: list[Point], run_index: np.ndarray, e: float, lowest: float) -> list[str]:
+    """What the points themselves say about the fit: checkpoints of one run counted as points, variables
+    the form ignores, and an irreducible loss `e` at its bound (`lowest`: the lowest loss)."""
+    notes = []
+    per_run = np.bincount(run_index)
+    if "tokens" in form.variables and per_run.max() > 1:
+        notes.append(
+            f"{int((per_run > 1).sum())} of {len(per_run)} runs contribute several checkpoints: a checkpoint "
+            "inside a run is not a separate run at that token budget (its LR schedule differs); the "
+            "bootstrap resamples whole runs"
+        )
+    for var in ("params", "tokens"):
+        if var not in form.variables and len({getattr(p, var) for p in pts}) > 1:
+            notes.append(f"points differ in {var}, which the {form.name} form ignores")
+    if bound := e_bound(e, lowest):
+        notes.append(
+            f"E sits at its {bound} (E = {e:.4g}): the points do not pin the irreducible loss, so the "
+            "fit's values beyond them follow from the bound, not the data; do not quote its extrapolations"
+        )
+    return notes
