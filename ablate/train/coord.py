@@ -10,15 +10,14 @@ d_model, so the head count stays), as the `cpu` sizes of recipes/scaling-size.ya
 optimiser is the training module's (ablate.model.parametrization.param_groups) at a constant lr, no
 warmup and no clipping: the first steps are what the check measures.
 
-Layers recorded (`LAYERS`): the embedding's output, every block's attention output, FFN output and
-residual stream, and the logits.
+Layers recorded (ablate.model.hooks.layer_outputs): the embedding's output, every block's attention
+output, FFN output and residual stream, and the logits.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ablate.model.decoder import build_model
+from ablate.model.hooks import layer_outputs, outputs_into
 from ablate.model.parametrization import param_groups
 
 
@@ -61,31 +61,11 @@ def width_config(base: Mapping[str, Any], width: int, parametrization: str) -> d
     return {**base, "d_model": width, "head_dim": width * head // d, "parametrization": spec}
 
 
-@contextlib.contextmanager
-def _hooks(model: nn.Module, out: dict[str, torch.Tensor]) -> Iterator[None]:
-    def keep(key: str):
-        def hook(module: nn.Module, inputs: object, output: torch.Tensor) -> None:
-            out[key] = output.detach().double()
-
-        return hook
-
-    handles = [model.embed.register_forward_hook(keep("embed"))]
-    for i, block in enumerate(model.blocks):
-        handles.append(block.attention.register_forward_hook(keep(f"layer_{i:02d}.attention")))
-        handles.append(block.ffn.register_forward_hook(keep(f"layer_{i:02d}.ffn")))
-        handles.append(block.register_forward_hook(keep(f"layer_{i:02d}.residual")))
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
 @torch.no_grad()
 def activations(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     """Every recorded layer's output on `tokens` (float64 copies), the logits as `logits`."""
     out: dict[str, torch.Tensor] = {}
-    with _hooks(model, out):
+    with outputs_into(out, layer_outputs(model), lambda output: output.detach().double()):
         out["logits"] = model(tokens).detach().double()
     return out
 

@@ -17,11 +17,13 @@ see them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import lightning.pytorch as L
 import torch
 from torch import nn
+
+from ablate.model.hooks import layer_outputs, outputs_into
 
 EMBED = "rms/embed"
 
@@ -38,24 +40,14 @@ def _rms(t: torch.Tensor) -> float:
     return float(t.detach().double().square().mean().sqrt())
 
 
-def _record(out: dict[str, float], key: str) -> Callable[..., None]:
-    def hook(module: nn.Module, inputs: object, output: torch.Tensor) -> None:
-        out[key] = _rms(output)
-
-    return hook
-
-
-@contextlib.contextmanager
-def _hooks(model: nn.Module, out: dict[str, float]) -> Iterator[None]:
-    handles = [model.embed.register_forward_hook(_record(out, EMBED))]
-    for layer, block in enumerate(model.blocks):
-        handles.append(block.attention.register_forward_hook(_record(out, attn_out_key(layer))))
-        handles.append(block.register_forward_hook(_record(out, residual_key(layer))))
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+def _hooks(model: nn.Module, out: dict[str, float]) -> contextlib.AbstractContextManager:
+    """While it is entered, each forward puts the statistics of the module doc into `out`."""
+    outputs = layer_outputs(model)
+    measured = {EMBED: outputs["embed"]}
+    for layer in range(len(model.blocks)):
+        measured[attn_out_key(layer)] = outputs[f"layer_{layer:02d}.attention"]
+        measured[residual_key(layer)] = outputs[f"layer_{layer:02d}.residual"]
+    return outputs_into(out, measured, _rms)
 
 
 @torch.no_grad()
