@@ -323,7 +323,8 @@ def visible(device: str) -> str:
     return "cuda"
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The check's options (the hidden ones are a child process's: one part, its time box)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="folder for every result")
     parser.add_argument("--plan", action="store_true", help="print the plan of the run and stop")
@@ -345,6 +346,11 @@ def main() -> None:
     parser.add_argument("--part", help=argparse.SUPPRESS)  # a child: run this one part
     parser.add_argument("--box-s", type=float, default=0.0, help=argparse.SUPPRESS)  # a child's box
     parser.add_argument("--of", help=argparse.SUPPRESS)  # a collect child: the part collected
+    return parser
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     if args.plan:
         over = print_plan(args.budget_s, args.parts, args.workers)
