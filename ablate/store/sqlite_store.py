@@ -78,7 +78,10 @@ def check(uri: str) -> None:
                     f"{mlflow.__version__} here knows schemas up to {head}); install the MLflow that wrote "
                     "it (pip install -U mlflow) or use another workspace"
                 )
-            _copy_then_migrate(path, version, head)
+            if _never_used(path):  # a creation killed between two migrations: finish it, nothing to keep
+                _migrate(path)
+            else:
+                _copy_then_migrate(path, version, head)
     _CHECKED.add(path)
 
 
@@ -103,7 +106,7 @@ def schema_version(path: Path) -> str | None:
 
 
 def _read_version(path: Path, mode: str, damaged: str) -> str | None:
-    with contextlib.closing(sqlite3.connect(f"file:{path}?mode={mode}", uri=True)) as db:
+    with contextlib.closing(sqlite3.connect(_file_uri(path, mode), uri=True)) as db:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if not tables:
             return None
@@ -135,10 +138,26 @@ def known_revision(version: str) -> bool:
         return False
 
 
+def _file_uri(path: Path, mode: str) -> str:
+    """SQLite's URI of `path` opened in `mode`, the path quoted (a `?` or `#` in it is no query)."""
+    import urllib.parse
+
+    return f"file:{urllib.parse.quote(str(path), safe='/')}?mode={mode}"
+
+
+def _never_used(path: Path) -> bool:
+    """No experiment at all, not even MLflow's Default (made once its migrations end, and kept, as
+    `deleted`, when a user deletes it): the store's first creation was killed before it finished, so it is
+    no older MLflow's store and holds nothing to keep a copy of."""
+    with contextlib.closing(sqlite3.connect(_file_uri(path, "ro"), uri=True)) as db:
+        try:
+            return db.execute("SELECT count(*) FROM experiments").fetchone()[0] == 0
+        except sqlite3.OperationalError:  # no experiments table yet
+            return True
+
+
 def _copy_then_migrate(path: Path, version: str, head: str) -> None:
     import mlflow
-    import sqlalchemy
-    from mlflow.store.db.utils import _upgrade_db
 
     backup = path.with_name(f"{path.name}.bak-{version}")
     if not backup.exists():  # an earlier attempt's copy is the older MLflow's store: kept as it is
@@ -152,6 +171,14 @@ def _copy_then_migrate(path: Path, version: str, head: str) -> None:
         f"migrating it to MLflow {mlflow.__version__}'s schema {head}",
         flush=True,
     )
+    _migrate(path)
+
+
+def _migrate(path: Path) -> None:
+    """MLflow's own migration of the store to its schema (what `mlflow db upgrade` runs)."""
+    import sqlalchemy
+    from mlflow.store.db.utils import _upgrade_db
+
     engine = sqlalchemy.create_engine(sqlite_url(path))
     try:
         _upgrade_db(engine)
