@@ -7,6 +7,7 @@ ask this value where things go instead of joining folder names to a loose path:
     <root>/runs/<experiment>/stable/<...>/    the stable phase a budgeted study keeps (ablate.train.branches)
     <root>/cache/tokens/<tokenizer>-<key>/    a corpus tokenised once (ablate.data.tokens)
     <root>/cache/tokenizers/<file>.json       a trained BPE (ablate.data.tokenizers)
+    <root>/cache/attention_choices.json       `auto`'s measured attention per card and shape (ablate.train.attention_choice)
     <root>/logs/                              local workers' output (ablate.sweep.local)
     <root>/slurm/                             submitit's scripts and logs (ablate.sweep.slurm)
     <root>/mlflow.db, <root>/artifacts/       the embedded MLflow store (ablate.store)
@@ -54,6 +55,10 @@ class Workspace:
     @property
     def tokenizer_cache(self) -> Path:
         return self.root / "cache" / "tokenizers"
+
+    @property
+    def attention_choices(self) -> Path:
+        return self.root / "cache" / "attention_choices.json"
 
     @property
     def logs(self) -> Path:

@@ -22,7 +22,7 @@ from ablate.model.decoder import build_model
 from ablate.recipe.resolve import RunSpec
 from ablate.store import tracking
 from ablate.store.stores import Stores
-from ablate.train import launch, records, trainer
+from ablate.train import attention_choice, launch, records, trainer
 from ablate.train.loaders import load_data, loaders
 from ablate.train.module import Diverged, LMModule, compile_seconds
 from ablate.train.records import Sink, TrainResult
@@ -62,7 +62,14 @@ def _train_run(run: RunSpec, stores: Stores, options: TrainOptions) -> TrainResu
     client = stores.client()
     where = trainer.placement(run.train, run.model)
     print(f"precision: {where.precision} ({where.reason})", flush=True)
-    tags = {**records.run_tags(run, where), **(options.get("extra_tags") or {})}
+    choice = attention_choice.choose_attention(
+        run.model, run.train, where.device, where.precision, stores.workspace.attention_choices
+    )
+    tags = {
+        **records.run_tags(run, where),
+        **(choice.tags() if choice else {}),
+        **(options.get("extra_tags") or {}),
+    }
     state, run_id = tracking.open_run(
         client, run, stores.workspace, parent_run_id=options.get("parent_run_id"), extra_tags=tags
     )
@@ -77,9 +84,9 @@ def _train_run(run: RunSpec, stores: Stores, options: TrainOptions) -> TrainResu
         sink = records.metric_sink(client, run_id)
         callbacks = list(options.get("callbacks") or [])
         result = _train(
-            run, data, folder, stores.workspace, where, sink, options.get("progress", True), callbacks
+            run, data, folder, stores.workspace, where, sink, options.get("progress", True), callbacks, choice
         )
-        records.log_final_metrics(sink, result, compiled=run.train.compile)
+        records.log_final_metrics(sink, result, compiled=choice.compiled if choice else run.train.compile)
     except Diverged as e:
         records.mark_failed(client, run_id, str(e))
         raise
@@ -93,7 +100,10 @@ def train_rank(run: RunSpec, *, workspace: Workspace) -> TrainResult:
     """A rank other than global rank 0 of a multi-device run: the same training, no MLflow, no files."""
     data = load_data(run, workspace)
     where = trainer.placement(run.train, run.model)
-    return _train(run, data, run_dir(workspace, run), workspace, where, None, False, [])
+    choice = attention_choice.choose_attention(  # rank 0's choice where it measured first (the cache)
+        run.model, run.train, where.device, where.precision, workspace.attention_choices
+    )
+    return _train(run, data, run_dir(workspace, run), workspace, where, None, False, [], choice)
 
 
 def _train(
@@ -105,18 +115,20 @@ def _train(
     sink: Sink | None,
     progress: bool,
     callbacks: list[L.Callback],
+    choice: attention_choice.Choice | None = None,
 ) -> TrainResult:
-    """Train on this process's rank; `sink` (global rank 0 only) receives the metrics."""
+    """Train on this process's rank; `sink` (global rank 0 only) receives the metrics; `choice`: the
+    attention `auto` measured on CUDA (the model built with it, compiled as it says)."""
     from ablate.data.tasks import Task
     from ablate.train.training_clock import TrainingClock
 
-    cfg = run.train
+    cfg = choice.train(run.train) if choice else run.train
     trainer.quiet_lightning()
     tune_glibc_malloc()  # ~8-10% faster steps: activations are not unmapped and faulted in every step
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
     task = data if isinstance(data, Task) else None
-    model = build_model(run.model, seed=run.seed)
+    model = build_model(choice.model(run.model) if choice else run.model, seed=run.seed)
     module = LMModule(model, cfg, sink, task=task, loss_on=run.data.task_loss)
     world, rank = launch.world_size(cfg), launch.global_rank(cfg)
     start_step, resume = resume_point(folder / "checkpoints", rank)

@@ -1,0 +1,144 @@
+"""`attention_backend: auto` on CUDA decided by measuring what it decides: each candidate core (cuDNN,
+flash, efficient, the fused `triton` kernel), eager and under `torch.compile`, timed as the run's whole
+training step, once per device and step shape; the fastest trains.
+
+On the H200 `auto`'s rule resolved both arms to `sdpa_flash`, while cuDNN ran both cores 1.4-1.6x faster
+(the device check's `a_timing.csv`): a rule written before a card runs is a guess, so CUDA runs measure.
+The timings are cached in the workspace (`Workspace.attention_choices`, one JSON file, keyed by the card,
+its compute capability, torch's version, the precision and the step's shape), so a sweep's runs of one
+shape measure once; every run records the choice and every candidate's milliseconds in its tags
+(`ablate.attention_choice`, `ablate.attention_timings_ms`). The run's identity keeps `auto` (the recipe's
+value): the choice changes the kernel, not the run.
+
+CPU runs keep `auto`'s rule (components/attention/backends.py), and an explicit backend is never
+second-guessed. `timer` is the seam: tests inject timings on a CPU and drive the choice, the cache and
+the record; the real timer (`time_candidate`) runs on CUDA only. A candidate that cannot run there (no
+kernel for the width, no Triton) times as None and is left out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import astuple, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from ablate.model.config import ModelConfig
+from ablate.train.config import TrainConfig
+
+BACKENDS = ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "triton")
+CANDIDATES = tuple((backend, compiled) for compiled in (False, True) for backend in BACKENDS)
+STEP_REPEATS = 3  # timed steps per candidate, the fastest counts, after warm-up (a compile's included)
+WARMUP = 2
+
+# (model with the candidate's backend, seq_len, micro-batch, precision, device, compiled) -> seconds | None
+CandidateTimer = Callable[[ModelConfig, int, int, str, str, bool], "float | None"]
+
+
+def name(backend: str, compiled: bool) -> str:
+    return f"{backend}+compile" if compiled else backend
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The candidate that trains, and every candidate's seconds per step (None: could not run)."""
+
+    backend: str
+    compiled: bool
+    timings: dict[str, float | None]
+    cached: bool
+
+    def model(self, model: ModelConfig) -> ModelConfig:
+        return replace(model, attention_backend=self.backend)
+
+    def train(self, train: TrainConfig) -> TrainConfig:
+        return replace(train, compile=self.compiled)
+
+    def tags(self) -> dict[str, str]:
+        """What the run records: the choice and each candidate's milliseconds (the run's tags)."""
+        ms = {k: None if v is None else round(v * 1e3, 3) for k, v in self.timings.items()}
+        source = "cached in the workspace" if self.cached else "measured"
+        return {
+            "ablate.attention_choice": f"{name(self.backend, self.compiled)} (fastest whole step, {source})",
+            "ablate.attention_timings_ms": json.dumps(ms, sort_keys=True),
+        }
+
+
+def cuda_device_key(device: str = "cuda") -> str:
+    """The card, its compute capability and torch's version: what a candidate's speed depends on beside
+    the shape."""
+    where = torch.device(device)
+    major, minor = torch.cuda.get_device_capability(where)
+    return f"{torch.cuda.get_device_name(where)}|sm{major}{minor}|torch={torch.__version__}"
+
+
+def time_candidate(
+    model: ModelConfig, seq_len: int, micro_batch: int, precision: str, device: str, compiled: bool
+) -> float | None:
+    """Seconds of one training step (`ablate.train.bench`'s) of `model` on CUDA: the fastest of
+    `STEP_REPEATS` after `WARMUP` steps; None where the candidate cannot run there."""
+    from ablate.hardware.device import device_ops
+    from ablate.train.bench import build_arms, train_step
+
+    try:
+        (arm,), models = build_arms(
+            {"step": model}, [seq_len], device_ops(device), precision, compile=compiled,
+            batch_size=micro_batch, tokens_per_step=0,
+        )  # fmt: skip
+        for _ in range(WARMUP):
+            train_step(arm)
+        return min(train_step(arm)[0] for _ in range(STEP_REPEATS))
+    except Exception:  # a backend without a kernel here (width, dtype, card) or without Triton
+        return None
+    finally:
+        torch.cuda.empty_cache()
+
+
+def decides(model: ModelConfig, device: str) -> bool:
+    """Whether the choice is measured: `auto` on CUDA."""
+    return model.attention_backend == "auto" and device.split(":", 1)[0] == "cuda"
+
+
+def choose_attention(
+    model: ModelConfig,
+    train: TrainConfig,
+    device: str,
+    precision: str,
+    cache: Path,
+    *,
+    timer: CandidateTimer = time_candidate,
+    device_key: str | None = None,
+) -> Choice | None:
+    """The fastest candidate for `model`'s step on `device` (None: not decided here, or nothing ran),
+    from `cache` (a JSON file) where this card and shape were measured before, else measured and
+    cached."""
+    if not decides(model, device):
+        return None
+    shape = f"{astuple(model)}|seq={train.seq_len}|batch={train.micro_batch_size}|{precision}"
+    key = f"{device_key or cuda_device_key(device)}|{shape}"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    timings, cached = known.get(key), True
+    if not isinstance(timings, dict):
+        cached = False
+        timings = {
+            name(b, c): timer(replace(model, attention_backend=b), train.seq_len, train.micro_batch_size,
+                              precision, device, c)
+            for b, c in CANDIDATES
+        }  # fmt: skip
+        with contextlib.suppress(OSError):  # an unwritable cache costs a re-measurement, nothing else
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
+            partial.write_text(json.dumps({**known, key: timings}, indent=1, sort_keys=True))
+            partial.replace(cache)
+    ran = [(seconds, b, c) for b, c in CANDIDATES if (seconds := timings.get(name(b, c))) is not None]
+    if not ran:
+        return None
+    _, backend, compiled = min(ran)
+    return Choice(backend, compiled, dict(timings), cached)

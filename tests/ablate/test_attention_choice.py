@@ -1,0 +1,93 @@
+"""`attention_backend: auto` on CUDA: every candidate (backend x compiled) timed once per card and shape,
+the fastest kept, cached in the workspace (a real file) and recorded in the run's tags. Driven on a CPU
+through the timer seam with injected timings; the real timer runs on CUDA only."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from ablate.core.workspace import Workspace
+from ablate.model.config import ModelConfig
+from ablate.model.decoder import build_model
+from ablate.train.attention_choice import BACKENDS, choose_attention
+from ablate.train.config import TrainConfig
+
+MODEL = ModelConfig(vocab_size=64, d_model=16, n_layers=1, head_dim=8)
+TRAIN = TrainConfig(seq_len=32, micro_batch_size=2, batch_tokens=512, steps=4, lr=1e-3)
+CARD = "NVIDIA H200|sm90|torch=2.11"
+
+
+class Timings:
+    """Injected step seconds per (backend, compiled); a missing entry cannot run (None)."""
+
+    def __init__(self, seconds: dict[tuple[str, bool], float]):
+        self.seconds = seconds
+        self.calls: list[tuple] = []
+
+    def __call__(self, model, seq_len, micro_batch, precision, device, compiled):
+        self.calls.append((model.attention_backend, compiled, seq_len, micro_batch, precision, device))
+        return self.seconds.get((model.attention_backend, compiled))
+
+
+def choose(timer, cache, model=MODEL, train=TRAIN, device="cuda", card=CARD):
+    return choose_attention(model, train, device, "bf16-mixed", cache, timer=timer, device_key=card)
+
+
+def everything(**faster: float) -> dict[tuple[str, bool], float]:
+    seconds = {(b, c): 0.100 for b in BACKENDS for c in (False, True)}
+    for key, value in faster.items():
+        backend, _, compiled = key.partition("__")
+        seconds[(backend, compiled == "compiled")] = value
+    return seconds
+
+
+def test_the_fastest_whole_step_of_every_candidate_trains(tmp_path):
+    timer = Timings(everything(sdpa_cudnn__compiled=0.040, triton=0.050, sdpa_flash=0.060))
+    choice = choose(timer, tmp_path / "choices.json")
+    assert (choice.backend, choice.compiled, choice.cached) == ("sdpa_cudnn", True, False)
+    assert sorted((b, c) for b, c, *_ in timer.calls) == sorted(
+        (b, c) for b in BACKENDS for c in (False, True)
+    )
+    assert {call[2:] for call in timer.calls} == {(32, 2, "bf16-mixed", "cuda")}  # the run's own step
+    assert choice.model(MODEL).attention_backend == "sdpa_cudnn" and choice.train(TRAIN).compile is True
+    assert build_model(choice.model(MODEL), seed=0) is not None
+    tags = choice.tags()
+    assert tags["ablate.attention_choice"] == "sdpa_cudnn+compile (fastest whole step, measured)"
+    ms = json.loads(tags["ablate.attention_timings_ms"])
+    assert len(ms) == 8 and ms["sdpa_cudnn+compile"] == 40.0 and ms["triton"] == 50.0
+
+
+def test_a_candidate_that_cannot_run_is_left_out(tmp_path):
+    seconds = everything(triton=0.010)
+    del seconds[("triton", False)]  # no kernel here: the timer says None
+    choice = choose(Timings(seconds), tmp_path / "choices.json")
+    assert (
+        choice.backend != "triton"
+        and json.loads(choice.tags()["ablate.attention_timings_ms"])["triton"] is None
+    )
+    assert choose(Timings({}), tmp_path / "none.json") is None  # nothing ran: auto's rule stays
+
+
+def test_measured_once_per_card_and_shape_then_read_from_the_workspace(tmp_path):
+    cache = Workspace(tmp_path).attention_choices
+    assert choose(Timings(everything(triton=0.010)), cache).backend == "triton"
+    stored = json.loads(cache.read_text())
+    (key,) = stored
+    assert (
+        key.startswith(CARD) and key.endswith("|seq=32|batch=2|bf16-mixed") and stored[key]["triton"] == 0.010
+    )
+    again = Timings(everything(sdpa_flash=0.001))
+    choice = choose(again, cache)
+    assert (choice.backend, choice.cached, again.calls) == ("triton", True, [])
+    assert choice.tags()["ablate.attention_choice"].endswith("cached in the workspace)")
+    assert choose(again, cache, train=replace(TRAIN, seq_len=64)).backend == "sdpa_flash"  # another shape
+    assert choose(again, cache, card="NVIDIA H100|sm90|torch=2.11").backend == "sdpa_flash"  # another card
+    assert len(json.loads(cache.read_text())) == 3
+
+
+def test_cpu_runs_and_explicit_backends_are_not_second_guessed(tmp_path):
+    timer = Timings(everything())
+    assert choose(timer, tmp_path / "c.json", device="cpu") is None
+    assert choose(timer, tmp_path / "c.json", model=replace(MODEL, attention_backend="sdpa_flash")) is None
+    assert timer.calls == [] and not (tmp_path / "c.json").exists()
