@@ -1,6 +1,7 @@
 """`attention_backend: auto` on CUDA decided by measuring what it decides: each candidate core (cuDNN,
-flash, efficient, the fused `triton` kernel), eager and under `torch.compile`, timed as the run's whole
-training step, once per device and step shape; the fastest trains.
+flash, efficient, the fused `triton` kernel), eager and, where the run asks for `train.compile`, under
+`torch.compile` too, timed as the run's whole training step, once per device and step shape; the fastest
+trains.
 
 On the H200 `auto`'s rule resolved both arms to `sdpa_flash`, while cuDNN ran both cores 1.4-1.6x faster
 (the device check's `a_timing.csv`): a rule written before a card runs is a guess, so CUDA runs measure.
@@ -31,7 +32,17 @@ from ablate.model.config import ModelConfig
 from ablate.train.config import TrainConfig
 
 BACKENDS = ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "triton")
-CANDIDATES = tuple((backend, compiled) for compiled in (False, True) for backend in BACKENDS)
+
+
+def candidates(compile: bool) -> tuple[tuple[str, bool], ...]:
+    """(backend, compiled) pairs timed: every backend eager, and compiled too where the run asks for
+    `train.compile` (a cold compile of the whole model costs about 20 s a candidate on an H200, so a run
+    that did not ask for it does not pay four); a compiled run trains eager where that measured faster."""
+    return tuple(
+        (backend, compiled) for compiled in ((False, True) if compile else (False,)) for backend in BACKENDS
+    )
+
+
 STEP_REPEATS = 3  # timed steps per candidate, the fastest counts, after warm-up (a compile's included)
 WARMUP = 2
 
@@ -118,7 +129,7 @@ def choose_attention(
     cached."""
     if not decides(model, device):
         return None
-    shape = f"{astuple(model)}|seq={train.seq_len}|batch={train.micro_batch_size}|{precision}"
+    shape = f"{astuple(model)}|seq={train.seq_len}|batch={train.micro_batch_size}|{precision}|compile={train.compile}"
     key = f"{device_key or cuda_device_key(device)}|{shape}"
     try:
         known = json.loads(cache.read_text())
@@ -130,14 +141,18 @@ def choose_attention(
         timings = {
             name(b, c): timer(replace(model, attention_backend=b), train.seq_len, train.micro_batch_size,
                               precision, device, c)
-            for b, c in CANDIDATES
+            for b, c in candidates(train.compile)
         }  # fmt: skip
         with contextlib.suppress(OSError):  # an unwritable cache costs a re-measurement, nothing else
             cache.parent.mkdir(parents=True, exist_ok=True)
             partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
             partial.write_text(json.dumps({**known, key: timings}, indent=1, sort_keys=True))
             partial.replace(cache)
-    ran = [(seconds, b, c) for b, c in CANDIDATES if (seconds := timings.get(name(b, c))) is not None]
+    ran = [
+        (seconds, b, c)
+        for b, c in candidates(train.compile)
+        if (seconds := timings.get(name(b, c))) is not None
+    ]
     if not ran:
         return None
     _, backend, compiled = min(ran)

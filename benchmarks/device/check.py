@@ -81,24 +81,27 @@ class Part(NamedTuple):
 # The parts, in their default order (`DEFAULT`; e and d run only when named). A new part is one entry (its
 # runner a function of a Context); its share comes out of the time left to the last. Seconds measured on an
 # H200 (reports/gpu-h200/parts.csv and rerun/parts.csv): a 22-25, b 31, c 95 for 150 + 130 steps (about 22 s
-# a variant's start, 0.15 s a Transformer step, 0.22 s a Diff step), e 70 (Diff's cold compile 18-22 s), t 43.
-# w: three `ablate bench` runs of both arms at one length (b's 31 s were three lengths and three rounds):
-# about 15 s each. x: the same under torch.compile, about 2 x 20 s of cold compiles each (part e's).
+# a variant's start, 0.15 s a Transformer step, 0.22 s a Diff step; c now also measures `auto`'s attention,
+# ablate.train.attention_choice: 4 eager candidates of 5 steps, Triton's first compile, about 12 s a
+# variant), e 70 (Diff's cold compile 18.4 s, its training graph), t 43. w: three `ablate bench` runs of
+# both arms at one length (b's 31 s were three lengths and three rounds): about 15 s each. x: the same under
+# torch.compile, two cold compiles of 18.4 s each a path (part e's, the Transformer's assumed alike).
 PARTS = {
     "a": Part("attention kernels against float64", "kernels:main", 30, False,
               "88 checks of 2 kinds x 11 backends x 2 dtypes x 2 kv-head counts; 2 x 8 timings", 25),
-    "b": Part("`ablate bench`, `small`, seq 1024-4096", "runs:bench", 40, False,
+    "b": Part("`ablate bench`, `small`, seq 1024-4096", "runs:bench", 35, False,
               "2 variants x 3 lengths x 3 rounds of 16,384 tokens", 31),
-    "c": Part("`ablate train`, `small`, bf16-mixed", "runs:train", 110, True,
-              "2 variants x 100 steps of 32,768 tokens", 44 + 15 + 22 + 15),
-    "t": Part("the fused Triton differential attention (backend `triton`)", "diff_kernel:main", 50, False,
+    "c": Part("`ablate train`, `small`, bf16-mixed", "runs:train", 125, True,
+              "2 variants: `auto`'s attention measured (4 eager candidates), then 100 steps of 32,768 tokens",
+              2 * 22 + 15 + 22 + 15 + 2 * 12),
+    "t": Part("the fused Triton differential attention (backend `triton`)", "diff_kernel:main", 48, False,
               "8 checks against float64; 4 arms x 4 lengths (1024-8192) x 5 rounds of 16,384 tokens", 43),
     "w": Part("the whole `small` model, eager, on each path", "paths:eager", 50, False,
               "2 arms x 3 backends (`auto`, `sdpa_cudnn`, `triton`) at 2,048 x 2 rounds of 16,384 tokens", 45),
     "p": Part("one profiled training step per arm (`torch.profiler`)", "profile_step:main", 25, False,
               "2 arms: 3 warm-up steps, 1 profiled; the top kernels and their share of the step", 20),
     "x": Part("the whole `small` model under `torch.compile`, on each path", "paths:compiled", None, False,
-              "2 arms x 3 backends compiled (6 cold compiles) at 2,048 x 2 rounds of 16,384 tokens", 3 * (15 + 40)),
+              "2 arms x 3 backends compiled (6 cold compiles) at 2,048 x 2 rounds of 16,384 tokens", 3 * (15 + 2 * 18.4)),
     "e": Part("`ablate train`, `small`, `train.compile: true`", "runs:compiled", 80, True,
               "Diff: 1 cold compile (train and eval graphs), 40 steps", 70),
     "d": Part("token budgets at the `cpu-tokens` width", "runs:budgets", None, True,

@@ -14,7 +14,7 @@ from ablate.train.attention_choice import BACKENDS, choose_attention
 from ablate.train.config import TrainConfig
 
 MODEL = ModelConfig(vocab_size=64, d_model=16, n_layers=1, head_dim=8)
-TRAIN = TrainConfig(seq_len=32, micro_batch_size=2, batch_tokens=512, steps=4, lr=1e-3)
+TRAIN = TrainConfig(seq_len=32, micro_batch_size=2, batch_tokens=512, steps=4, lr=1e-3, compile=True)
 CARD = "NVIDIA H200|sm90|torch=2.11"
 
 
@@ -75,7 +75,9 @@ def test_measured_once_per_card_and_shape_then_read_from_the_workspace(tmp_path)
     stored = json.loads(cache.read_text())
     (key,) = stored
     assert (
-        key.startswith(CARD) and key.endswith("|seq=32|batch=2|bf16-mixed") and stored[key]["triton"] == 0.010
+        key.startswith(CARD)
+        and key.endswith("|seq=32|batch=2|bf16-mixed|compile=True")
+        and stored[key]["triton"] == 0.010
     )
     again = Timings(everything(sdpa_flash=0.001))
     choice = choose(again, cache)
@@ -84,6 +86,16 @@ def test_measured_once_per_card_and_shape_then_read_from_the_workspace(tmp_path)
     assert choose(again, cache, train=replace(TRAIN, seq_len=64)).backend == "sdpa_flash"  # another shape
     assert choose(again, cache, card="NVIDIA H100|sm90|torch=2.11").backend == "sdpa_flash"  # another card
     assert len(json.loads(cache.read_text())) == 3
+
+
+def test_a_run_not_asking_for_compile_times_the_eager_candidates_only(tmp_path):
+    timer = Timings(everything(sdpa_cudnn__compiled=0.001, sdpa_efficient=0.050))
+    choice = choose(timer, tmp_path / "choices.json", train=replace(TRAIN, compile=False))
+    assert (choice.backend, choice.compiled) == ("sdpa_efficient", False)
+    assert sorted(b for b, c, *_ in timer.calls) == sorted(BACKENDS) and not any(
+        c for _, c, *_ in timer.calls
+    )
+    assert choice.train(TRAIN).compile is False  # a compiled run trains eager where eager measured faster
 
 
 def test_cpu_runs_and_explicit_backends_are_not_second_guessed(tmp_path):
