@@ -23,6 +23,9 @@ class Stores:
     workspace: Workspace
     tracking_uri: str | None = None
     storage_url: str | None = None
+    read_only: bool = (
+        False  # a verb that only reads (status): an existing workspace is not probed for writing
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.workspace, Workspace):  # a --workspace path, as the verbs and tests give it
@@ -49,7 +52,7 @@ class Stores:
         if self.tracking_uri:
             uri = tracking.database_url(self.tracking_uri)
         else:
-            uri = sqlite_store.sqlite_url(self.workspace.create().mlflow_db)  # quoted: a path stays a path
+            uri = sqlite_store.sqlite_url(self._workspace().mlflow_db)  # quoted: a path stays a path
         sqlite_store.check(uri)  # an older MLflow's SQLite store is copied before it is migrated
         return uri
 
@@ -70,7 +73,11 @@ class Stores:
 
     def optuna_url(self) -> str:
         """The Optuna storage as a URL a worker is given: the given one, or the workspace's journal."""
-        return self.storage_url or f"journal:{self.workspace.create().journal}"
+        return self.storage_url or f"journal:{self._workspace().journal}"
+
+    def _workspace(self) -> Workspace:
+        """The workspace, made and checked writable (one line if not) unless it exists and is only read."""
+        return self.workspace if self.read_only and self.workspace.root.is_dir() else self.workspace.create()
 
     def storage(self) -> Any:
         """The Optuna storage: a journal file (the workspace's by default) or an RDB."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ablate.verbs.options import Shared, shared, sweep_context
@@ -19,5 +20,6 @@ def status(recipe: str, *, overrides: list | None = None, **options: Any) -> int
 
     opts = Shared(**options)
     ctx = sweep_context(recipe, opts, opts.search, opts.grace_period, overrides)
+    ctx = dataclasses.replace(ctx, stores=dataclasses.replace(ctx.stores, read_only=True))  # reads only
     print(status_report(ctx, load_finished_study(ctx, "ablate status")))
     return 0

@@ -100,3 +100,27 @@ def test_status_shows_a_dead_workers_trial_as_stale_and_names_the_locks_holder(t
     assert "| stale " in row and re.search(r"\| 12\d\d s ago", row), out  # 1247 s, and the test's own seconds
     (lock,) = [line for line in out.splitlines() if line.startswith("sweep lock:")]
     assert re.search(rf"pid {dead.pid}, heartbeat 12\d\d s ago; stale", lock), out
+
+
+def test_status_reads_a_read_only_workspace(tmp_path, capsys):
+    recipe = write_recipe(tmp_path)
+    workspace = tmp_path / "ws"
+    argv = ["sweep", str(recipe), "--workspace", str(workspace), "--yes", "--reports", str(tmp_path / "rep")]
+    assert main([*argv, "--no-train"]) == 0
+    storage = Stores(workspace).storage()
+    study = optuna.load_study(study_name="mini", storage=storage)
+    tid = storage.get_trial_id_from_study_id_trial_number(study._study_id, 0)
+    storage.set_trial_state_values(tid, state=TrialState.RUNNING)  # its progress is read from MLflow
+    storage.set_trial_user_attr(tid, "heartbeat", time.time())
+    before = {p.name: p.stat().st_mtime_ns for p in workspace.iterdir()}
+    subprocess.run(["mount", "--bind", str(workspace), str(workspace)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(workspace)], check=True)
+        capsys.readouterr()
+        code = main(["status", str(recipe), "--workspace", str(workspace)])
+        out, err = capsys.readouterr()
+    finally:
+        subprocess.run(["umount", "-l", str(workspace)], check=True)
+    assert code == 0, err
+    assert "sweep mini: 0/2 trials finished, 1 running, 1 waiting" in out, out
+    assert {p.name: p.stat().st_mtime_ns for p in workspace.iterdir()} == before  # nothing written
