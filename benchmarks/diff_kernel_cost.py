@@ -24,11 +24,21 @@ kernel, so a ratio is the model's, not a guess at tuning: an untuned Triton kern
 of FA2's efficiency moves its ratio by about f.
 
     python benchmarks/diff_kernel_cost.py          # the tables of benchmarks/NOTES.md
+    python benchmarks/diff_kernel_cost.py --refit  # the model refitted to the H200's measured cores
+
+`refit` redoes it from the H200 (reports/gpu-h200/): the spec-sheet model has no fixed cost, so at 1,024
+and 2,048 tokens it predicted the Transformer's core at 0.44 and 0.85 ms where it took about 1.1 ms. Each
+measured arm is fitted as `c0 + FLOPs / (eta x peak)` (least squares over its lengths): a fixed time per
+core (launches, the backward's δ pass and dQ's float32 conversion, partial waves of a small grid) and a
+matmul efficiency of its own; the next kernel (the single-pass backward: 32 units per Diff head instead of
+40) is predicted with the tuned kernel's fit.
 """
 
 from __future__ import annotations
 
+import csv
 import math
+from pathlib import Path
 
 TOKENS = 16384
 HEADS, WIDTH = 6, 64  # Diff heads h and sub-head width d (the Transformer: 2h heads of d)
@@ -118,5 +128,68 @@ def table() -> str:
     return "\n".join(lines)
 
 
+H200_RESULTS = Path(__file__).resolve().parents[1] / "reports" / "gpu-h200"
+FITTED_ARMS = {"transformer_sdpa_flash": "transformer", "diff_split_v_sdpa_flash": "split_v",
+               "diff_triton": "triton", "diff_triton_128x64": "triton"}  # fmt: skip
+SINGLE_PASS_UNITS = 12 + 20  # forward 12; backward: S1, S2, dP, dV, dK (16 + 4) and dQ (4) in one walk
+
+
+def measured_cores(folder: Path = H200_RESULTS) -> dict[str, dict[int, float]]:
+    """arm -> {N: ms of one layer's core, forward + backward}: part t's rerun (64 x 64 tiles for the
+    kernel) and the tuned launch (128 x 64, 8 warps, 2 stages) from tune_triton.csv."""
+    arms: dict[str, dict[int, float]] = {}
+    with (folder / "rerun" / "t_bench.csv").open() as f:
+        for r in csv.DictReader(f):
+            if r["arm"] in FITTED_ARMS and r["ms_fwd_bwd"]:
+                arms.setdefault(r["arm"], {})[int(r["seq"])] = float(r["ms_fwd_bwd"])
+    with (folder / "tune_triton.csv").open() as f:
+        for r in csv.DictReader(f):
+            if (r["arm"], r["block_m"], r["block_n"], r["num_warps"], r["num_stages"]) == (
+                "diff_triton",
+                "128",
+                "64",
+                "8",
+                "2",
+            ):
+                arms.setdefault("diff_triton_128x64", {})[int(r["seq"])] = float(r["ms_fwd_bwd"])  # fmt: skip
+    return arms
+
+
+def fit(points: dict[int, float], form: str) -> tuple[float, float]:
+    """(c0 ms, eta): least squares of ms = c0 + GFLOP x slope over the measured lengths."""
+    xs = [cost(form, n)["flops"] / 1e9 for n in points]
+    ys = list(points.values())
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, 1e12 / slope / (CARDS["H200"]["tflops"] * 1e12)  # slope: ms per GFLOP
+
+
+def refit() -> str:
+    arms = measured_cores()
+    fits = {arm: fit(points, FITTED_ARMS[arm]) for arm, points in arms.items()}
+    peak = CARDS["H200"]["tflops"] * 1e12
+    lines = ["| arm | c0 ms | eta |", "|---|---|---|"]
+    lines += [f"| {arm} | {c0:.2f} | {eta:.2f} |" for arm, (c0, eta) in fits.items()]
+    lines += ["", "| N | arm | measured ms | spec model ms | refit ms | measured ratio | refit ratio |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    base = arms["transformer_sdpa_flash"]
+    for n in SEQS:
+        for arm, points in arms.items():
+            if n not in points:
+                continue
+            form, (c0, eta) = FITTED_ARMS[arm], fits[arm]
+            refitted = c0 + cost(form, n)["flops"] / (eta * peak) * 1e3
+            c0t, etat = fits["transformer_sdpa_flash"]
+            base_refit = c0t + cost("transformer", n)["flops"] / (etat * peak) * 1e3
+            lines.append(f"| {n} | {arm} | {points[n]:.3f} | {seconds(form, n, 'H200') * 1e3:.2f} | {refitted:.2f} | "
+                         f"{base[n] / points[n]:.3f} | {base_refit / refitted:.3f} |")  # fmt: skip
+        c0, eta = fits["diff_triton_128x64"]
+        single = c0 + cost("triton", n)["flops"] * SINGLE_PASS_UNITS / 40 / (eta * peak) * 1e3
+        lines.append(f"| {n} | next kernel (single-pass backward), predicted | | | {single:.2f} | | "
+                     f"{base[n] / single:.3f} (against the measured Transformer) |")  # fmt: skip
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print(table())
+    import sys
+
+    print(refit() if "--refit" in sys.argv else table())

@@ -325,3 +325,24 @@ def test_lambdas_gradient_is_measured_against_its_sums_rounding_and_still_catche
     assert kernels.lambda_grad_err(bf16_like, want, wide, grad_out) < 1e-4
     flipped = kernels.lambda_grad_err(-want, want, wide, grad_out)
     assert flipped > kernels.TOLERANCE[torch.bfloat16], flipped
+
+
+def test_the_cost_models_refit_recovers_a_known_line_and_fits_the_h200s_cores():
+    """benchmarks/diff_kernel_cost.py --refit: least squares of ms = c0 + FLOPs / (eta x peak) recovers a
+    line it was given; on the H200's measured cores every fitted time is within 0.3 ms of the measured."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import diff_kernel_cost as model
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    peak = model.CARDS["H200"]["tflops"] * 1e12
+    made = {n: 0.7 + model.cost("transformer", n)["flops"] / (0.45 * peak) * 1e3 for n in model.SEQS}
+    c0, eta = model.fit(made, "transformer")
+    assert c0 == pytest.approx(0.7, abs=1e-9) and eta == pytest.approx(0.45, rel=1e-9)
+    cores = model.measured_cores()
+    assert set(cores) == set(model.FITTED_ARMS) and cores["transformer_sdpa_flash"][2048] == 1.074
+    for arm, points in cores.items():
+        c0, eta = model.fit(points, model.FITTED_ARMS[arm])
+        for n, ms in points.items():
+            assert abs(c0 + model.cost(model.FITTED_ARMS[arm], n)["flops"] / (eta * peak) * 1e3 - ms) < 0.3
+    assert "| 2048 | next kernel (single-pass backward), predicted | | | 1.76 |" in model.refit()
