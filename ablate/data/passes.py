@@ -35,8 +35,6 @@ SAMPLING_WORDS = {
 assert set(SAMPLING_WORDS) == set(SAMPLINGS)
 
 REPEATS = "↻"  # the mark of a row (or a budget) whose runs made more than one pass over the training split
-SPLIT_TAG = "ablate.train_split_tokens"  # a run's training-split size, recorded when it loads its data
-PASSES_TAG = "ablate.passes"
 REPEAT_EFFECT = (
     "A run past one pass has read its training text more than once: its validation loss then measures "
     "how well it fits text it saw again as well as how fast it learns, so a gap between rows there can be "

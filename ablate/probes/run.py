@@ -39,14 +39,13 @@ from ablate.core import registry
 from ablate.core.errors import UserError
 from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import Recipe, RunSpec
-from ablate.store import tracking
+from ablate.store import names
 from ablate.store.stores import Stores
 
 if TYPE_CHECKING:
     from ablate.store.study import SweepContext
 
 CHECKPOINTS = ("best", "last")
-PROBE_TAG = tracking.TAG + "probe."
 METRIC_PREFIX = "probe/"
 
 
@@ -175,7 +174,7 @@ def probe_run(
     todo, skipped = {}, []
     for name, probe in probes.items():
         key, described = probe_key(name, probe, settings)
-        if tags.get(PROBE_TAG + name) == key:
+        if tags.get(names.probe_tag(name)) == key:
             skipped.append(name)
         else:
             todo[name] = (probe, key, described)
@@ -218,8 +217,8 @@ def _log_probe(
         if v is not None and math.isfinite(float(v))
     ]
     tags = [
-        RunTag(PROBE_TAG + name + ".settings", json.dumps(described, sort_keys=True, default=str)[:5000]),
-        RunTag(PROBE_TAG + name, key),
+        RunTag(names.probe_settings_tag(name), json.dumps(described, sort_keys=True, default=str)[:5000]),
+        RunTag(names.probe_tag(name), key),
     ]
     chunks = [metrics[i : i + 1000] for i in range(0, len(metrics), 1000)] or [[]]
     for chunk in chunks[:-1]:
@@ -244,7 +243,7 @@ def finished_runs(ctx: SweepContext, study: Any, client: Any) -> tuple[list[tupl
             left_out.append(f"{name}: {trial.state.name.lower()}")
             continue
         run = ctx.run_for_plan(plan, {k: v for k, v in trial.params.items() if k.startswith("base.")})
-        recorded = client.get_run(run_id).data.tags.get(tracking.RUN_KEY)
+        recorded = client.get_run(run_id).data.tags.get(names.RUN_KEY)
         if recorded != run.key:
             left_out.append(
                 f"{name}: trained from another version of the recipe (run key {recorded}, "

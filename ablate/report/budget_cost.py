@@ -9,6 +9,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 from ablate.core.tables import si
+from ablate.store import names
 
 if TYPE_CHECKING:
     from ablate.store.study import SweepContext
@@ -18,10 +19,10 @@ def trained_from(r: Any) -> tuple[str, int]:
     """How a budget's run trained, from its tags: ("step 0", 0), ("branch", its cooldown start: a smaller
     budget branched off the longest run) or ("extension", the step it continued from: a larger budget added
     to a finished study, continued from the kept stable phase; ablate.train.branches)."""
-    if r.tags.get("ablate.branch_step"):
-        return "branch", int(r.tags["ablate.branch_step"])
-    if r.tags.get("ablate.continued_step"):
-        return "extension", int(r.tags["ablate.continued_step"])
+    if r.tags.get(names.BRANCH_STEP):
+        return "branch", int(r.tags[names.BRANCH_STEP])
+    if r.tags.get(names.CONTINUED_STEP):
+        return "extension", int(r.tags[names.CONTINUED_STEP])
     return "step 0", 0
 
 
@@ -45,7 +46,7 @@ def time_rows(study: Any, records: list[Any], seconds: dict[str, float]) -> list
         if r.state != "finished":
             continue
         kind, start = trained_from(r)
-        steps = int(r.tags.get("ablate.budget_steps", 0))
+        steps = int(r.tags.get(names.BUDGET_STEPS, 0))
         per_step = r.tokens // steps if steps else 0
         train[kind] += seconds.get(r.run_id, math.nan)
         trained_tokens += (steps - start) * per_step

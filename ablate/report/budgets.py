@@ -45,6 +45,7 @@ from ablate.report.budget_gaps import (
     rows_short_of_budgets,
     trend_rows,
 )
+from ablate.store import names
 
 if TYPE_CHECKING:
     from ablate.store.study import SweepContext
@@ -203,7 +204,7 @@ def _tables_at_budgets(ctx: SweepContext, groups: dict[int, list[Any]]) -> str:
     sections = []
     for tokens, group in groups.items():
         headers, rows, _ = table_rows(ctx, group)
-        steps = {r.tags.get("ablate.budget_steps") for r in group} - {None}
+        steps = {r.tags.get(names.BUDGET_STEPS) for r in group} - {None}
         sections.append(
             f"### {si(tokens)} tokens ({', '.join(sorted(steps)) or '?'} steps; "
             f"{_passes_text(budget_passes(group, tokens))})\n\n{markdown_table(headers, rows)}"
@@ -404,12 +405,12 @@ def _run_row(r: Any, labels: dict[str, str], seconds: dict[str, float]) -> dict[
         "seed": r.seed,
         "tokens": r.tokens,
         "passes": round(r.passes, 4) if math.isfinite(r.passes) else math.nan,
-        "steps": r.tags.get("ablate.budget_steps", ""),
+        "steps": r.tags.get(names.BUDGET_STEPS, ""),
         "state": r.state,
         **{k: r.values.get(k, math.nan) for k in ("valid", "ar_hit", "others")},
         "train_loss_end": r.values.get("train", math.nan),
         "mlflow_run_id": r.run_id or "",
         "branched_from": r.branched_from,
-        "branch_step": r.tags.get("ablate.branch_step", ""),
+        "branch_step": r.tags.get(names.BRANCH_STEP, ""),
         "train_seconds": seconds.get(r.run_id, math.nan),
     }

@@ -33,6 +33,7 @@ from ablate.data import passes
 from ablate.fitting.curve import DEFAULT_REL_GAIN, fit_loss_curve
 from ablate.recipe.search import point_label
 from ablate.report.stats import PairedDiff
+from ablate.store import names
 
 NOT_CONVERGED = "†"
 UNKNOWN = "?"
@@ -104,7 +105,7 @@ def row_mark(convergences: Iterable[Convergence]) -> str:
 def run_tokens(record: Any) -> float:
     """Tokens a run trained on: its `ablate.tokens` tag (steps x batch tokens), else its last validation's."""
     try:
-        return float(record.tags["ablate.tokens"])
+        return float(record.tags[names.TOKENS])
     except (KeyError, TypeError, ValueError, AttributeError):
         return float(record.curve[-1][0]) if record.curve else math.nan
 

@@ -33,6 +33,7 @@ from typing import Any
 from ablate.core.errors import UserError
 from ablate.data.passes import EARLIER_SAMPLING, read_twice, sampling_of
 from ablate.report.stats import paired_difference
+from ablate.store import names
 
 RUN_FILES = ("budgets.csv", "points.csv", "table.csv")  # the first a folder has lists its runs
 REFERENCE = "transformer"
@@ -91,9 +92,9 @@ def runs_of(folder: str | Path, client: Any = None) -> list[dict[str, Any]]:
         run_id = row.get("mlflow_run_id")
         if client is not None and run_id:
             data = client.get_run(run_id).data
-            tokens = data.tags.get("ablate.budget_tokens") or data.tags.get("ablate.tokens")
+            tokens = data.tags.get(names.BUDGET_TOKENS) or data.tags.get(names.TOKENS)
             run["tokens"] = _number(tokens) if not math.isfinite(run["tokens"]) else run["tokens"]
-            run["params"] = _number(data.tags.get("ablate.non_embedding_params"))
+            run["params"] = _number(data.tags.get(names.NON_EMBEDDING_PARAMS))
             run["lr"] = _number(data.params.get("train.lr"))
             run["data"] = tuple(sorted((k, v) for k, v in data.params.items() if k.startswith("data.")))
             run["sampling"] = sampling_of(dict(data.params))

@@ -51,12 +51,12 @@ from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table, si
 from ablate.data.passes import EARLIER_SAMPLING, REPEAT_EFFECT, sampling_of
 from ablate.report.folder import moved, writing
-from ablate.store import tracking
+from ablate.store import names, tracking
 
 if TYPE_CHECKING:
     from ablate.store.study import SweepContext
 
-PARAMS_TAGS = {"non_embedding": "ablate.non_embedding_params", "total": "ablate.params"}
+PARAMS_TAGS = {"non_embedding": names.NON_EMBEDDING_PARAMS, "total": names.PARAMS}
 PARAMS_WORDS = {"non_embedding": "non-embedding parameters", "total": "all parameters (embeddings included)"}
 FORMS = ("size", "tokens", "joint", "grid")
 CHECKPOINT_NOTE = (
@@ -134,14 +134,14 @@ def fit_grid(
     for r in runs:
         c = conv[r.run_id]
         client.set_tag(
-            r.run_id, "ablate.fit.converged", {True: "yes", False: "no", None: "unknown"}[c["converged"]]
+            r.run_id, names.FIT_CONVERGED, {True: "yes", False: "no", None: "unknown"}[c["converged"]]
         )
         if math.isfinite(c["gain_2x_tokens"]):
-            client.set_tag(r.run_id, "ablate.fit.predicted_gain", f"{c['gain_2x_tokens']:.5f}")
-    parent = study.user_attrs.get("mlflow_parent_run_id")
+            client.set_tag(r.run_id, names.FIT_PREDICTED_GAIN, f"{c['gain_2x_tokens']:.5f}")
+    parent = study.user_attrs.get(names.PARENT_RUN_ATTR)
     if parent:
         tracking.log_files(client, parent, [p for p in written if p.parent == folder], artifact_path="fit")
-        client.set_tag(parent, "ablate.fit.form", "grid")
+        client.set_tag(parent, names.FIT_FORM, "grid")
     print(f"[fit] {ctx.study_name}: a size x budget grid, {len(runs)} runs; {folder}", flush=True)
     for name, report in fits.items():
         for ratio in report.ratios:
@@ -170,7 +170,7 @@ def _write_grid(ctx, study, client, runs, fitted, reference, into: Path, setting
         params_word=PARAMS_WORDS[settings["params_count"]],
         notes=notes,
         precision=precisions(fitted),
-        machines=[r.tags.get("ablate.machine", "") for r in fitted],
+        machines=[r.tags.get(names.MACHINE, "") for r in fitted],
         data=data_note(runs),
         compare_with=settings.get("compare_with"),
     )
@@ -425,15 +425,15 @@ def record_in_mlflow(
     for r in runs:
         c = r.curve_fit
         client.set_tag(
-            r.run_id, "ablate.fit.converged", {True: "yes", False: "no", None: "unknown"}[r.converged]
+            r.run_id, names.FIT_CONVERGED, {True: "yes", False: "no", None: "unknown"}[r.converged]
         )
         if c is not None:
-            client.set_tag(r.run_id, "ablate.fit.predicted_gain", f"{c.predicted_gain:.5f}")
-            client.set_tag(r.run_id, "ablate.fit.curve", json.dumps({"E": c.E, "A": c.A, "alpha": c.alpha}))
-    parent = study.user_attrs.get("mlflow_parent_run_id")
+            client.set_tag(r.run_id, names.FIT_PREDICTED_GAIN, f"{c.predicted_gain:.5f}")
+            client.set_tag(r.run_id, names.FIT_CURVE, json.dumps({"E": c.E, "A": c.A, "alpha": c.alpha}))
+    parent = study.user_attrs.get(names.PARENT_RUN_ATTR)
     if not parent:
         return
     tracking.log_files(client, parent, written, artifact_path="fit")
     metrics = {f"fit.{arch}.{k}": v for arch, f in report.archs.items() for k, v in f.params.items()}
     tracking.log_metrics(client, parent, metrics, step=0)
-    client.set_tag(parent, "ablate.fit.form", report.form.name)
+    client.set_tag(parent, names.FIT_FORM, report.form.name)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ablate.core.tables import markdown_table
 from ablate.report import stats
 from ablate.report.table import write_csv
+from ablate.store import names
 
 if TYPE_CHECKING:
     from ablate.store.study import SweepContext
@@ -257,11 +258,11 @@ def _settings(ctx: SweepContext, records: list[Any]) -> dict[str, str]:
     found: dict[str, set[str]] = defaultdict(set)
     for r in records:
         for tag, text in (r.tags or {}).items():
-            if tag.startswith("ablate.probe.") and tag.endswith(".settings"):
+            if (probe := names.probe_of_settings_tag(tag)) is not None:
                 try:
                     s = json.loads(text)
                 except ValueError:
                     continue
                 shown = {k: s.get(k) for k in ("options", "tokens", "tokens_used", "checkpoint")}
-                found[tag[len("ablate.probe.") : -len(".settings")]].add(json.dumps(shown, sort_keys=True))
+                found[probe].add(json.dumps(shown, sort_keys=True))
     return {p: "; ".join(sorted(texts)) for p, texts in found.items()}

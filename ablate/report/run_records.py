@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ablate.data import passes as data_passes
+from ablate.store import names
 
 if TYPE_CHECKING:
     from ablate.store.study import SweepContext
@@ -41,7 +42,7 @@ class RunRecord:
     @property
     def tokens(self) -> int:
         """Training tokens of the run (its budget), from its tags; 0 if not recorded."""
-        return int(self.tags.get("ablate.tokens", 0))
+        return int(self.tags.get(names.TOKENS, 0))
 
     @property
     def passes(self) -> float:
@@ -137,8 +138,8 @@ def split_tokens(client: Any, record: RunRecord) -> float:
     `data.json` it logged; nan for a task's run or when neither is there."""
     from ablate.store.tracking import read_json_artifact
 
-    if data_passes.SPLIT_TAG in record.tags:
-        return float(record.tags[data_passes.SPLIT_TAG])
+    if names.TRAIN_SPLIT_TOKENS in record.tags:
+        return float(record.tags[names.TRAIN_SPLIT_TOKENS])
     data = read_json_artifact(client, record.run_id, "data.json") or {}
     return float(data.get("train_tokens", math.nan))
 
@@ -175,4 +176,4 @@ def layer_curves(
 
 def budgeted(r: RunRecord) -> bool:
     """Is this the run of a budgeted study's budget (ablate.train.branches tags it with its steps)?"""
-    return bool(r.tags.get("ablate.budget_steps"))
+    return bool(r.tags.get(names.BUDGET_STEPS))

@@ -37,6 +37,7 @@ from ablate.fitting.fit import FitReport
 from ablate.fitting.forms import FORMS
 from ablate.report.fit import QUOTED, percent, ratio_cell, ratio_sentence, write_fit
 from ablate.report.table import write_csv
+from ablate.store import names
 
 if TYPE_CHECKING:
     from ablate.store.study import SweepContext
@@ -276,7 +277,7 @@ def machine_line(recorded: list[str]) -> str:
     from ablate.hardware.machine import machine_description
 
     if recorded and "" not in recorded:
-        return f"{'; '.join(sorted(set(recorded)))} (the runs' `ablate.machine` tag)"
+        return f"{'; '.join(sorted(set(recorded)))} (the runs' `{names.MACHINE}` tag)"
     return f"{machine_description()} (the one `ablate fit` ran on: the runs did not record theirs)"
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ablate.core.tables import si
 from ablate.report import stats
 from ablate.report.run_records import RunRecord, budgeted, common_split
+from ablate.store import names
 
 if TYPE_CHECKING:
     from ablate.store.study import SweepContext
@@ -179,9 +180,9 @@ def _cells(group: list[RunRecord], diff: Any, first: str | None) -> list[str]:
         f"; seed {r.seed} {r.state.upper()}: {r.reason or '-'}" for r in failed
     )
     return [
-        tags.get("ablate.heads", "?"),
-        tags.get("ablate.head_width", "?"),
-        tags.get("ablate.gn", "?"),
+        tags.get(names.HEADS, "?"),
+        tags.get(names.HEAD_WIDTH, "?"),
+        tags.get(names.GROUP_NORM, "?"),
         stats.format_ci(cells["valid"]),
         stats.format_ci(cells["ar_hit"]),
         stats.format_ci(cells["others"]),
@@ -359,9 +360,9 @@ def study_time(study: Any) -> str:
 def precisions(records: list[RunRecord]) -> str:
     """The precisions the runs trained in, with the rule's reason (the machine's capability)."""
     seen = {
-        f"{r.tags['ablate.precision']} ({r.tags.get('ablate.precision_reason', 'reason not recorded')})"
+        f"{r.tags[names.PRECISION]} ({r.tags.get(names.PRECISION_REASON, 'reason not recorded')})"
         for r in records
-        if r.tags.get("ablate.precision")
+        if r.tags.get(names.PRECISION)
     }
     return "; ".join(sorted(seen)) or "not recorded"
 

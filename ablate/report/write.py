@@ -33,7 +33,7 @@ from ablate.report.table import (
     table_rows,
     write_csv,
 )
-from ablate.store import tracking
+from ablate.store import names, tracking
 from ablate.store.commands import portable_command
 from ablate.store.export import METRICS_FILE, RUNS_FILE, write_export
 
@@ -317,7 +317,7 @@ def study_command(study: Any) -> str:
 
 def runs_code_versions(records: list[Any]) -> str:
     """The code versions the runs were trained with (their `ablate.code_version` tags), not the reader's."""
-    versions = sorted({r.tags.get("ablate.code_version", "") for r in records} - {""})
+    versions = sorted({r.tags.get(names.CODE_VERSION, "") for r in records} - {""})
     return ", ".join(f"`{v}`" for v in versions) or "not recorded"
 
 
@@ -333,7 +333,7 @@ def study_date(study: Any) -> str:
 
 
 def _attach(ctx: SweepContext, study: Any, folder: Path) -> None:
-    parent = study.user_attrs.get("mlflow_parent_run_id")
+    parent = study.user_attrs.get(names.PARENT_RUN_ATTR)
     if not parent:
         return
     client = ctx.stores.client()

@@ -31,20 +31,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ablate.store import names
 from ablate.store.difference_charts import difference_charts, hidden_chart
 from ablate.store.difference_keys import ORDER_TAG
 from ablate.store.tokens_axis import PREFIX as TOKENS_PREFIX
 
 VIEW_KEY = "ablate-comparison"
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
-VARIANT_TAG = "ablate.variant"
 FIRST_METRICS = ("val/loss", "val/ar_hit", "val/others")  # Table 6's columns
 SECTION = "val"  # MLflow's chart section of `val/...` metrics (the key up to its last '/')
 RUN_NAME_COLUMN = "attributes.`Run Name`"
-LABEL_TAG = "ablate.label"
-LABEL_COLUMN = f"tags.`{LABEL_TAG}`"
-TRIALS_ONLY = "tags.`ablate.run_key` LIKE '%'"  # every trial's run has one; the sweep's parent does not
-PARENTS = "tags.`ablate.role` = 'sweep'"
+LABEL_COLUMN = f"tags.`{names.LABEL}`"
+TRIALS_ONLY = f"tags.`{names.RUN_KEY}` LIKE '%'"  # every trial's run has one; the sweep's parent does not
+PARENTS = f"tags.`{names.ROLE}` = '{names.SWEEP_ROLE}'"
 COLOR_TAG = "mlflow.runColor"
 # matplotlib's default colour cycle (tab10, "C0".."C9"): the report plots' colours (ablate.core.plot_style)
 PALETTE = (
@@ -138,7 +137,7 @@ def view_state(
     `charts`: the (sections, charts) drawn first; `flat`: metrics whose charts are left out."""
     sections, first = charts
     hidden = [hidden_chart(key) for key in sorted(flat)]
-    columns = [f"metrics.`{m}`" for m in metrics] + [LABEL_COLUMN, "tags.`ablate.seed`"]
+    columns = [f"metrics.`{m}`" for m in metrics] + [LABEL_COLUMN, f"tags.`{names.SEED}`"]
     return {
         "searchFilter": "",
         "orderByKey": "attributes.start_time",
@@ -149,12 +148,12 @@ def view_state(
         "columnWidths": {RUN_NAME_COLUMN: 280, LABEL_COLUMN: 240},
         "groupBy": {
             "aggregateFunction": "average",
-            "groupByKeys": [{"mode": "tag", "groupByData": VARIANT_TAG}],
+            "groupByKeys": [{"mode": "tag", "groupByData": names.VARIANT}],
         },
         # every variant's group, and MLflow's group of the runs without the tag (the parent: its charts)
         "groupsExpanded": {
-            **{f"tag.{VARIANT_TAG}.{variant}": True for variant in variants},
-            f"tag.{VARIANT_TAG}": True,
+            **{f"tag.{names.VARIANT}.{variant}": True for variant in variants},
+            f"tag.{names.VARIANT}": True,
         },
         "useGroupedValuesInCharts": False,  # each run in its row's colour (a group's colour is hashed)
         "runsHiddenMode": "SHOW_ALL",
@@ -174,15 +173,15 @@ def save_view(client, experiment_id: str) -> None:
     parents = client.search_runs([experiment_id], filter_string=PARENTS)
     keys = {key for run in runs for key in run.data.metrics}
     metrics = comparison_metrics(keys)
-    variants = [v for v in dict.fromkeys(run.data.tags.get(VARIANT_TAG, "") for run in runs) if v]
+    variants = [v for v in dict.fromkeys(run.data.tags.get(names.VARIANT, "") for run in runs) if v]
     order = next((json.loads(p.data.tags[ORDER_TAG]) for p in parents if ORDER_TAG in p.data.tags), [])
     order += [v for v in variants if v not in order]
     colors = row_colors(order)
     for run in runs + parents:
-        color = colors.get(run.data.tags.get(VARIANT_TAG, ""), PARENT_COLOR)
+        color = colors.get(run.data.tags.get(names.VARIANT, ""), PARENT_COLOR)
         if color and run.data.tags.get(COLOR_TAG) != color:
             client.set_tag(run.info.run_id, COLOR_TAG, color)
-    labels = {run.data.tags.get(VARIANT_TAG, ""): run.data.tags.get(LABEL_TAG, "") for run in runs}
+    labels = {run.data.tags.get(names.VARIANT, ""): run.data.tags.get(names.LABEL, "") for run in runs}
     flat = flat_metrics(runs)
     diff_sections, diff_charts = difference_charts(
         parents, {v: lab for v, lab in labels.items() if lab}, order

@@ -9,12 +9,14 @@ difference), `<end>` one of `mean`, `low`, `high` (the 95% interval's ends) and 
 
 from __future__ import annotations
 
+from ablate.store import names
+
 DIFF = "diff"
 BUDGET = "budget"
 ENDS = ("mean", "low", "high")
-ORDER_TAG = "ablate.variants"  # json: the recipe's rows in order (a row's colour in the UI)
-REFERENCE_TAG = "ablate.differences.reference"  # json: size -> the reference row
-ONE_SEED_TAG = "ablate.differences.no_interval"  # json: the rows whose differences have one seed
+ORDER_TAG = names.VARIANTS_ORDER  # json: the recipe's rows in order (a row's colour in the UI)
+REFERENCE_TAG = names.DIFFERENCES_REFERENCE  # json: size -> the reference row
+ONE_SEED_TAG = names.DIFFERENCES_NO_INTERVAL  # json: the rows whose differences have one seed
 NOTE_TAG = "mlflow.note.content"  # MLflow's run description, shown on the run's page
 
 

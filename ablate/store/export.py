@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.core.errors import UserError
+from ablate.store import names
 from ablate.store.commands import portable_command
 
 RUNS_FILE = "runs.parquet"
@@ -33,7 +34,6 @@ FILES = (RUNS_FILE, METRICS_FILE)
 SCHEME = "export:"  # a tracking URI `export:FOLDER` reads the runs of FOLDER's export (Stores.client)
 ARTIFACTS = ("resolved_recipe.yaml", "data.json", "final_metrics.json")
 MACHINE_TAGS = ("mlflow.user", "mlflow.source.")
-META_KEY = b"ablate.study"
 
 
 def has_export(folder: Path) -> bool:
@@ -78,7 +78,7 @@ def write_export(client: Any, study: Any, report: dict[str, Any], folder: Path) 
     meta = {"study": study.study_name, "user_attrs": attrs, "report": report}
     meta["trials"] = [_trial(t) for t in trials]
     folder.mkdir(parents=True, exist_ok=True)
-    runs_table = pa.table(runs).replace_schema_metadata({META_KEY: _json(meta)})
+    runs_table = pa.table(runs).replace_schema_metadata({names.EXPORT_METADATA_KEY: _json(meta)})
     metrics_table = pa.table(
         {
             "run_id": pa.array(series["run_id"], pa.string()).dictionary_encode(),
@@ -151,10 +151,10 @@ def read_meta(folder: Path) -> dict[str, Any]:
             "writes one beside the report"
         )
     meta = _parquet(folder / RUNS_FILE, pq.read_schema).metadata or {}
-    if META_KEY not in meta:
+    if names.EXPORT_METADATA_KEY not in meta:
         raise UserError(f"--from: {folder / RUNS_FILE} holds no study (not written by ablate)")
     try:
-        meta = json.loads(meta[META_KEY])
+        meta = json.loads(meta[names.EXPORT_METADATA_KEY])
     except ValueError as e:
         raise UserError(f"--from: {folder / RUNS_FILE}: its study is not JSON ({e}); {RESTORE}") from None
     if not isinstance(meta, dict):

@@ -29,10 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.core.workspace import Workspace
-
-TAG = "ablate."
-RUN_KEY = TAG + "run_key"
-PARENT = "mlflow.parentRunId"
+from ablate.store import names
 
 
 def database_url(url: str) -> str:
@@ -53,9 +50,8 @@ def experiment_name(recipe: str, scale: str) -> str:
     return recipe if scale == "paper" else f"{recipe}-{scale}"
 
 
-# MLflow 3 opens an experiment on its GenAI overview unless this tag calls it a training experiment
-# (the UI's kinds: genai_development, custom_model_development, ...; read by mlflow/server/js).
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+# MLflow 3 opens an experiment on its GenAI overview unless its tag names.EXPERIMENT_KIND calls it a training
+# experiment (the UI's kinds: genai_development, custom_model_development, ...; read by mlflow/server/js).
 TRAINING_KIND = "custom_model_development"
 
 
@@ -69,7 +65,7 @@ def get_experiment_id(client, name: str, workspace: Workspace) -> str:
         location = (workspace.create().artifacts / name).as_uri()
     try:
         return client.create_experiment(
-            name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: TRAINING_KIND}
+            name, artifact_location=location, tags={names.EXPERIMENT_KIND: TRAINING_KIND}
         )
     except Exception:  # another worker created it first
         experiment = client.get_experiment_by_name(name)
@@ -81,8 +77,8 @@ def get_experiment_id(client, name: str, workspace: Workspace) -> str:
 def mark_training_experiment(client, experiment) -> None:
     """Tag `experiment` as a training experiment unless it already says what kind it is (a user's choice
     in the UI wins); one request, only for experiments made before the tag existed."""
-    if EXPERIMENT_KIND_TAG not in (experiment.tags or {}):
-        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+    if names.EXPERIMENT_KIND not in (experiment.tags or {}):
+        client.set_experiment_tag(experiment.experiment_id, names.EXPERIMENT_KIND, TRAINING_KIND)
 
 
 def runs_page_url(ui_url: str, experiment_id: str) -> str:
@@ -148,23 +144,23 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 def find_runs(client, experiment_id: str, run_key: str) -> list:
     return client.search_runs(
         [experiment_id],
-        filter_string=f"tags.`{RUN_KEY}` = '{run_key}'",
+        filter_string=f"tags.`{names.RUN_KEY}` = '{run_key}'",
         order_by=["attributes.start_time DESC"],
     )
 
 
 def run_tags(run, code: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     tags = {
-        TAG + "recipe": run.recipe,
-        TAG + "variant": run.variant,
-        TAG + "label": run.label,
-        TAG + "scale": run.scale,
-        TAG + "seed": str(run.seed),
-        RUN_KEY: run.key,
-        TAG + "code_version": code,
+        names.RECIPE: run.recipe,
+        names.VARIANT: run.variant,
+        names.LABEL: run.label,
+        names.SCALE: run.scale,
+        names.SEED: str(run.seed),
+        names.RUN_KEY: run.key,
+        names.CODE_VERSION: code,
     }
     if run.size:  # a recipe without sizes: no empty tag
-        tags[TAG + "size"] = run.size
+        tags[names.SIZE] = run.size
     tags.update(extra or {})
     return tags
 
@@ -200,7 +196,7 @@ def open_run(
             return "resumed", existing.info.run_id
     tags = run_tags(run, code_version(), extra_tags)
     if parent_run_id:
-        tags[PARENT] = parent_run_id
+        tags[names.MLFLOW_PARENT] = parent_run_id
     created = client.create_run(experiment_id, run_name=run.name, tags=tags)
     run_id = created.info.run_id
     log_params(client, run_id, flatten(run.config))

@@ -17,7 +17,7 @@ from ablate.core.errors import UserError
 from ablate.core.tables import format_seconds
 from ablate.recipe.resolve import RunSpec
 from ablate.recipe.search import point_label
-from ablate.store import tracking
+from ablate.store import names, tracking
 from ablate.store.study import SweepContext, progress_counts, trial_plan
 from ablate.sweep import preemption
 from ablate.sweep.queue import (
@@ -33,29 +33,29 @@ AfterTrial = Callable[[RunSpec, str], None]
 
 
 def parent_run_id(ctx: SweepContext, study: Any) -> str:
-    """The study's MLflow parent run (created once, remembered in the study)."""
-    known = study.user_attrs.get("mlflow_parent_run_id")
+    """The study's MLflow parent run (created once, remembered in the study; found again by its tags when
+    the study has lost it)."""
+    known = study.user_attrs.get(names.PARENT_RUN_ATTR)
     if known:
         return known
     client = ctx.stores.client()
     experiment_id = tracking.get_experiment_id(
         client, tracking.experiment_name(ctx.recipe.name, ctx.scale), ctx.stores.workspace
     )
-    found = client.search_runs(
-        [experiment_id], filter_string=f"tags.`ablate.store.study` = '{ctx.study_name}'"
-    )
+    sweep = f"tags.`{names.STUDY}` = '{ctx.study_name}' AND tags.`{names.ROLE}` = '{names.SWEEP_ROLE}'"
+    found = client.search_runs([experiment_id], filter_string=sweep)
     if found:
         run_id = found[0].info.run_id
     else:
         tags = {
-            "ablate.study": ctx.study_name,
-            "ablate.role": "sweep",
-            "ablate.recipe": ctx.recipe.name,
-            "ablate.scale": ctx.scale,
-            "ablate.code_version": tracking.code_version(),
+            names.STUDY: ctx.study_name,
+            names.ROLE: names.SWEEP_ROLE,
+            names.RECIPE: ctx.recipe.name,
+            names.SCALE: ctx.scale,
+            names.CODE_VERSION: tracking.code_version(),
         }
         run_id = client.create_run(experiment_id, run_name=f"sweep {ctx.study_name}", tags=tags).info.run_id
-    study.set_user_attr("mlflow_parent_run_id", run_id)
+    study.set_user_attr(names.PARENT_RUN_ATTR, run_id)
     return run_id
 
 
@@ -121,7 +121,7 @@ def run_trial(
     heartbeat = Heartbeat(trial, storage, ctx.grace_period)
     try:
         client = ctx.stores.client()
-        trial_tags = {"ablate.trial": str(trial.number), "ablate.study": ctx.study_name}
+        trial_tags = {names.TRIAL: str(trial.number), names.STUDY: ctx.study_name}
         _, run_id = tracking.open_run(
             client, run, ctx.stores.workspace, parent_run_id=parent, extra_tags=trial_tags
         )
@@ -171,7 +171,7 @@ def run_trial(
         return
     except optuna.TrialPruned as e:
         heartbeat.stop()
-        client.set_tag(run_id, "ablate.pruned", str(e))
+        client.set_tag(run_id, names.PRUNED, str(e))
         client.set_terminated(run_id, status="KILLED")
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         return

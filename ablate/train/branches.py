@@ -26,7 +26,7 @@ import lightning.pytorch as L
 
 from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import RunSpec
-from ablate.store import tracking
+from ablate.store import names, tracking
 from ablate.store.stores import Stores
 from ablate.train.loop import TrainOptions, train_run
 from ablate.train.records import TrainResult
@@ -121,7 +121,7 @@ def _continue_from_stable(workspace: Workspace, run: RunSpec) -> dict[str, str]:
         f"{step}; training {run.train.steps - step} steps",
         flush=True,
     )
-    return {"ablate.continued_from": meta.get("run_id", ""), "ablate.continued_step": str(step)}
+    return {names.CONTINUED_FROM: meta.get("run_id", ""), names.CONTINUED_STEP: str(step)}
 
 
 def stable_size(workspace: Workspace, runs: list[RunSpec]) -> tuple[int, int]:
@@ -139,7 +139,7 @@ def prune_stable(workspace: Workspace, runs: list[RunSpec]) -> tuple[int, int]:
 
 
 def budget_tags(run: RunSpec) -> dict[str, str]:
-    return {"ablate.budget_steps": str(run.train.steps), "ablate.budget_tokens": str(run.train.tokens)}
+    return {names.BUDGET_STEPS: str(run.train.steps), names.BUDGET_TOKENS: str(run.train.tokens)}
 
 
 def train_budgets(
@@ -196,8 +196,8 @@ def train_budgets(
         tags = {
             **extra_tags,
             **budget_tags(branch),
-            "ablate.branched_from": longest.run_id,
-            "ablate.branch_step": str(branch.train.cooldown_start),
+            names.BRANCHED_FROM: longest.run_id,
+            names.BRANCH_STEP: str(branch.train.cooldown_start),
         }
         result = train_run(
             branch, stores, **{**options, "extra_tags": tags, "callbacks": list(every_run_callbacks or [])}

@@ -19,7 +19,7 @@ import torch
 from ablate.hardware.machine import machine_description
 from ablate.model.decoder import attention_kernel, build_model
 from ablate.recipe.resolve import RunSpec
-from ablate.store import tokens_axis, tracking
+from ablate.store import names, tokens_axis, tracking
 from ablate.train.trainer import Placement
 
 Sink = Callable[[dict[str, float], int], None]  # (metrics, step) -> logged; global rank 0 only
@@ -103,10 +103,10 @@ def run_tags(run: RunSpec, placement: Placement) -> dict[str, str]:
     """The tags every run carries beside the recipe's: its shape and cost, where and how it trains."""
     return {
         **shape_tags(run),
-        "ablate.precision": placement.precision,
-        "ablate.precision_reason": placement.reason,
-        "ablate.attention_kernel": run_attention_kernel(run, placement.device, placement.precision),
-        "ablate.machine": machine_description(placement.device),
+        names.PRECISION: placement.precision,
+        names.PRECISION_REASON: placement.reason,
+        names.ATTENTION_KERNEL: run_attention_kernel(run, placement.device, placement.precision),
+        names.MACHINE: machine_description(placement.device),
     }
 
 
@@ -117,14 +117,14 @@ def shape_tags(run: RunSpec) -> dict[str, str]:
     shape = attention_shape(run.model)
     budget = model_cost(run.model, run.train.seq_len)
     return {
-        "ablate.heads": str(shape["heads"]),
-        "ablate.head_width": str(shape["d"]),
-        "ablate.gn": shape["gn"],
-        "ablate.lambda_init": shape["lambda_init"],
-        "ablate.params": str(budget.params),
-        "ablate.non_embedding_params": str(budget.non_embedding_params),
-        "ablate.fwd_flops_per_token": str(budget.fwd_flops_per_token),
-        "ablate.tokens": str(run.train.tokens),
+        names.HEADS: str(shape["heads"]),
+        names.HEAD_WIDTH: str(shape["d"]),
+        names.GROUP_NORM: shape["gn"],
+        names.LAMBDA_INIT: shape["lambda_init"],
+        names.PARAMS: str(budget.params),
+        names.NON_EMBEDDING_PARAMS: str(budget.non_embedding_params),
+        names.FWD_FLOPS_PER_TOKEN: str(budget.fwd_flops_per_token),
+        names.TOKENS: str(run.train.tokens),
     }
 
 
@@ -161,8 +161,8 @@ def _record_passes(client: Any, run_id: str, run: RunSpec, data: Any) -> None:
         return
     split = int(len(data.train))
     p = passes.passes(run.train.tokens, split)
-    client.set_tag(run_id, passes.SPLIT_TAG, str(split))
-    client.set_tag(run_id, passes.PASSES_TAG, f"{p:.4f}")
+    client.set_tag(run_id, names.TRAIN_SPLIT_TOKENS, str(split))
+    client.set_tag(run_id, names.PASSES, f"{p:.4f}")
     if passes.repeats(p):
         print(
             f"{passes.REPEATS} {run.name}: {si(run.train.tokens)} tokens are {p:.2f} passes over the "
@@ -178,7 +178,7 @@ def log_final_metrics(sink: Sink, result: TrainResult, *, compiled: bool) -> Non
 
 
 def mark_failed(client: Any, run_id: str, reason: str) -> None:
-    client.set_tag(run_id, tracking.TAG + "failure_reason", reason)
+    client.set_tag(run_id, names.FAILURE_REASON, reason)
     client.set_terminated(run_id, status="FAILED")
 
 

@@ -255,7 +255,7 @@ def collect(out: Path, workspace: Path, part: str) -> None:
     """The CSV of `part` from the MLflow store, whatever finished: c_train.csv and e_compile.csv (the
     training curves), d_budgets.csv (the validation loss at every budget, and each run's seconds). The
     `small` runs' checkpoints (1.2 GB each, of no further use) are removed after."""
-    from ablate.store import tracking
+    from ablate.store import names, tracking
     from ablate.store.stores import Stores
 
     scale = SCALES[part]
@@ -264,9 +264,9 @@ def collect(out: Path, workspace: Path, part: str) -> None:
     experiment = client.get_experiment_by_name(tracking.experiment_name("device-check", scale))
     for run in client.search_runs([experiment.experiment_id]) if experiment else []:
         tags, metrics = run.data.tags, run.data.metrics
-        if "ablate.variant" not in tags:
+        if names.VARIANT not in tags:
             continue  # a sweep's parent run
-        who = {"scale": scale, "variant": tags["ablate.variant"], "seed": tags.get("ablate.seed", "")}
+        who = {"scale": scale, "variant": tags[names.VARIANT], "seed": tags.get(names.SEED, "")}
         if part != "d":
             history = {}
             for key in ("train/loss", "val/loss", "tokens_per_s", "compile_s"):
@@ -275,7 +275,7 @@ def collect(out: Path, workspace: Path, part: str) -> None:
             rows += [{**who, "step": s, **history[s]} for s in sorted(history)]
         else:
             seconds = (run.info.end_time - run.info.start_time) / 1000 if run.info.end_time else ""
-            rows.append({**who, "budget_tokens": tags.get("ablate.budget_tokens", ""),
+            rows.append({**who, "budget_tokens": tags.get(names.BUDGET_TOKENS, ""),
                          "status": run.info.status, "val_loss": metrics.get("val/loss", ""),
                          "ar_hit": metrics.get("val/ar_hit", ""), "others": metrics.get("val/others", ""),
                          "seconds": seconds})  # fmt: skip

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ablate.store import tracking
+from ablate.store import names
 from ablate.store.stores import Stores
 from ablate.train.launch import free_port
 
@@ -138,7 +138,7 @@ def test_ui_prints_one_link_the_comparison_of_a_finished_sweep(finished_sweep):
     }
     assert len(finished) == 4
     # MLflow 3 opens an experiment as a training experiment only with this tag
-    assert experiment.tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
+    assert experiment.tags[names.EXPERIMENT_KIND] == "custom_model_development"
 
     port = free_port()
     proc = _start_ui(finished_sweep, port)
@@ -231,9 +231,7 @@ def test_ui_tags_experiments_of_older_stores_as_training(tmp_path):
     workspace = tmp_path / "ws"
     client = Stores(workspace).client()
     old = client.create_experiment("made-before-the-tag")
-    chosen = client.create_experiment(
-        "kind-chosen-by-a-user", tags={tracking.EXPERIMENT_KIND_TAG: "finetuning"}
-    )
+    chosen = client.create_experiment("kind-chosen-by-a-user", tags={names.EXPERIMENT_KIND: "finetuning"})
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ablate.cli", "ui", "--workspace", str(workspace), "--port", str(port)],
@@ -245,8 +243,8 @@ def test_ui_tags_experiments_of_older_stores_as_training(tmp_path):
     )
     try:
         _read_until(proc, r"MLflow UI: ")
-        assert client.get_experiment(old).tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
-        assert client.get_experiment(chosen).tags[tracking.EXPERIMENT_KIND_TAG] == "finetuning"
+        assert client.get_experiment(old).tags[names.EXPERIMENT_KIND] == "custom_model_development"
+        assert client.get_experiment(chosen).tags[names.EXPERIMENT_KIND] == "finetuning"
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
