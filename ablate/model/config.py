@@ -31,7 +31,8 @@ class ModelConfig:
         norm: norm component (kind norm) for the block and final norms
         ffn: feed-forward component (kind ffn)
         position: position component (kind position)
-        attention_backend: how attention runs (math, sdpa, sdpa_padded, blockwise, blocks, flash_attn, triton, auto)
+        attention_backend: how attention runs: a backend of components.attention.backends.TABLE (auto, math,
+            sdpa, ...; docs/recipes-and-components.md lists them all)
         tie_embeddings: share the embedding and LM-head matrices
         init_std: standard deviation of the matrices' initialisation (GPT-2 / LLaMA 0.02)
         zero_init_residual: residual output projections start at zero (every variant starts as the same function)

@@ -1,36 +1,18 @@
-"""Attention cores shared by the attention kinds, selected by name.
+"""Attention cores shared by the attention kinds, selected by name: `TABLE` (at the end of this module) holds
+every backend once, with what it runs on, how it attends for softmax attention and for differential
+attention, and what it is; `BACKENDS` is its names, and docs/recipes-and-components.md lists the table's
+rows (tests/ablate/test_docs.py keeps the two equal).
 
-- `math`: the equations literally; materialises the N x N maps (and can return them). The reference.
-- `sdpa`: `torch.nn.functional.scaled_dot_product_attention`, causal (fused kernels on CPU and CUDA).
-- `sdpa_padded`: SDPA for differential attention with Q and K zero-padded to V's width 2d: both maps and
-  the wide V in one fused call, one softmax per map (plain softmax attention: the same as `sdpa`).
-- `blockwise`: forward by SDPA's fused kernel (`sdpa_padded` for differential attention), backward by
-  `components.attention.blockwise` in query blocks of PyTorch GEMMs: no N x N map kept, and the two
-  maps of differential attention meet V in one (A1 - λ A2) V product (Eq. 1's FLOPs).
-- `combined` (differential attention; softmax attention runs `sdpa`): `components.attention.combined`,
-  both maps kept whole per query block and combined before V, one autograd Function, nothing recomputed.
-- `blocks`: forward and backward both in query blocks (`components.attention.blockwise`, no fused
-  kernel): the forward combines the two maps before V, (A1 - λ A2) V as one product, so differential
-  attention's forward has Eq. 1's FLOPs instead of the padded kernel's twice the core.
-- `flash_attn`: flash-attn's `flash_attn_func` (CUDA, fp16/bf16), probed once at import (`FLASH_ATTN`) and
-  reached only through `flash_attn_func()`, the one seam a CPU stand-in replaces in tests.
-- `sdpa_flash`, `sdpa_efficient`, `sdpa_cudnn`: SDPA held to one fused kernel (flash, memory-efficient,
-  cuDNN) by `torch.nn.attention.sdpa_kernel`, so the kernel that runs is the one recorded, never a silent
-  fall-back to the math kernel; differential attention runs split V (two calls of head width d). On CPU
-  only `sdpa_flash` has a kernel (PyTorch's fused CPU kernel); the others are for CUDA.
-- `triton`: `components.attention.triton_kernels`, our own Triton kernel (`pip install 'ablate[triton]'`):
-  differential attention's two maps in one FlashAttention-style pass over K and V per direction, (A1 -
-  λ A2) V written once; softmax attention is the same kernel with one map. CUDA compiled, CPU through
-  Triton's interpreter (exact, slow: for tests). Opt-in: `auto` never chooses it (no device report yet
-  shows it fastest).
-- `auto`: `flash_attn` for fp16/bf16 CUDA tensors when flash-attn imports; on CUDA otherwise `sdpa_flash`
-  for fp16/bf16 widths up to 256 that are multiples of 8, `sdpa_efficient` for other widths that are
-  multiples of 8 (4 in float32; float32 has no flash kernel), else `sdpa`; on CPU `sdpa`, except for
-  differential attention on CPU: `blockwise`, or `sdpa_padded` for float32 sub-heads under 64 wide,
-  or `blocks` for bf16 sub-heads 32 or more wide on a CPU without AMX (the fastest of each case
-  measured, benchmarks/NOTES.md: on AMX the fused forward wins, on AVX512-BF16 alone the blocks do);
-  for sequences up to `COMBINED_MAX_SEQ` (the `cpu` and `tiny` widths' 256) `combined` instead, in float32
-  and in bf16 without AMX.
+`auto` names no core of its own: `resolve` turns it into one for the tensors' device, dtype and width (the
+rules, each measured, are in its body and in benchmarks/NOTES.md). A module resolves it once per device,
+dtype and sequence length (`Resolved`), not on every forward call; the CPU's AMX flag is read from
+/proc/cpuinfo once per process, when this module is imported.
+
+`flash_attn` is flash-attn's `flash_attn_func` (CUDA, fp16/bf16), probed once at import (`FLASH_ATTN`) and
+reached only through `flash_attn_func()`, the one seam a CPU stand-in replaces in tests. The SDPA backends
+held to one fused kernel (`sdpa_flash`, `sdpa_efficient`, `sdpa_cudnn`) are held by
+`torch.nn.attention.sdpa_kernel`, so the kernel that runs is the one recorded, never a silent fall-back to
+the math kernel; on CPU only `sdpa_flash` has a kernel (PyTorch's fused CPU kernel).
 
 Tensors are (batch, heads, seq, width). Keys and values may have fewer heads than queries (grouped-query
 attention): query head i reads kv head i // (H / H_kv), the convention of flash-attn and SDPA.
@@ -41,6 +23,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -51,20 +35,6 @@ from ablate.core.errors import UserError
 from ablate.core.registry import closest
 from components.attention import blockwise, combined, triton_op
 
-BACKENDS = (
-    "auto",
-    "math",
-    "sdpa",
-    "sdpa_padded",
-    "blockwise",
-    "blocks",
-    "combined",
-    "flash_attn",
-    "sdpa_flash",
-    "sdpa_efficient",
-    "sdpa_cudnn",
-    "triton",
-)
 # The fused SDPA kernel each restricted backend is held to (torch.nn.attention.SDPBackend names).
 SDPA_KERNELS = {
     "sdpa_flash": "FLASH_ATTENTION",
@@ -76,6 +46,21 @@ FLASH_MISSING = (
 )
 COMBINED_MAX_SEQ = 256  # the longest sequence `auto` gives `combined` (the only length measured)
 _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One attention backend: its name, what it runs on, how it attends for softmax attention
+    (`softmax(q, k, v)`, q (B,H,N,d)) and for differential attention (`diff(q, k, v, lam)`, q and k the
+    pairs stacked on dim 1, as `diff_attend_maps` takes them), and what a user reads about it. `auto` has
+    no core (`resolve` names another); `require` checks at build time what the backend needs installed."""
+
+    name: str
+    runs_on: tuple[str, ...]  # the devices it has a kernel for ("cpu", "cuda")
+    about: str
+    softmax: Callable[..., torch.Tensor] | None = field(default=None, repr=False)
+    diff: Callable[..., torch.Tensor] | None = field(default=None, repr=False)
+    require: Callable[[], object] | None = field(default=None, repr=False)
 
 
 def _probe_flash_attn():
@@ -100,26 +85,30 @@ def flash_attn_func():
 
 
 def check_backend(name: str, *, key: str = "backend") -> str:
-    """Validate a backend name at build time (and that flash-attn imports when it is asked for by name)."""
-    if name not in BACKENDS:
+    """Validate a backend name at build time (and what it needs, e.g. that flash-attn imports)."""
+    backend = backend_named(name, key=key)
+    if backend.require is not None:
+        backend.require()
+    return name
+
+
+def backend_named(name: str, *, key: str = "backend") -> Backend:
+    """The row of `TABLE` named `name`; an unknown name is one line naming the closest and the known ones."""
+    if name not in TABLE:
         raise UserError(
             f"{key}: unknown attention backend {name!r}{closest(name, BACKENDS)}; known: {', '.join(BACKENDS)}"
         )
-    if name == "flash_attn":
-        flash_attn_func()
-    if name == "triton":
-        triton_op.require()
-    return name
+    return TABLE[name]
 
 
 def cpu_has_amx(cpuinfo: str | None = None) -> bool:
     """Whether the CPU has AMX tiles (`amx_bf16` among /proc/cpuinfo's flags; the text is an input so tests
-    can pass any CPU). Read here, not through ablate.hardware.precision: components import only the registry's side
-    of the engine (tests/ablate/test_layers.py)."""
-    return "amx_bf16" in _cpu_flags(_machine_cpuinfo() if cpuinfo is None else cpuinfo)
+    can pass any CPU; without it, this machine's, read once at import). Read here, not through
+    ablate.hardware.precision: components import only the registry's side of the engine
+    (tests/ablate/test_layers.py)."""
+    return MACHINE_AMX if cpuinfo is None else "amx_bf16" in _cpu_flags(cpuinfo)
 
 
-@functools.cache
 def _machine_cpuinfo() -> str:
     try:
         return Path("/proc/cpuinfo").read_text()
@@ -134,6 +123,10 @@ def _cpu_flags(cpuinfo: str) -> set[str]:
         if line.split(":")[0].strip() == "flags"
         for f in line.split(":", 1)[1].split()
     }
+
+
+# Read once per process, at import: a constant, so a compiled forward that resolves `auto` reads no file.
+MACHINE_AMX = "amx_bf16" in _cpu_flags(_machine_cpuinfo())
 
 
 def resolve(
@@ -195,6 +188,26 @@ def cuda_kernel(dtype: torch.dtype, width: int) -> str:
     return "sdpa"
 
 
+class Resolved:
+    """One module's backend: the name it was built with, and the core that name means for each device,
+    dtype and sequence length the module has seen, resolved on first use and kept (`auto` is not resolved
+    again on every forward call). `diff`, `head_dim`: the module's kind of attention and its width."""
+
+    def __init__(self, name: str, *, diff: bool = False, head_dim: int = 64):
+        self.name, self.diff, self.head_dim = name, diff, head_dim
+        self._cores: dict[tuple, str] = {}
+
+    def __call__(self, device: torch.device, dtype: torch.dtype, seq_len: int | None = None) -> str:
+        if self.name != "auto":
+            return self.name
+        key = (device.type, device.index, dtype, seq_len if self.diff else None)  # only diff reads seq_len
+        if key not in self._cores:
+            self._cores[key] = resolve(
+                self.name, device, dtype, diff=self.diff, head_dim=self.head_dim, seq_len=key[-1]
+            )
+        return self._cores[key]
+
+
 # --- softmax attention -----------------------------------------------------------------------------
 
 
@@ -207,19 +220,26 @@ def attend(
     maps) and the maps (B,H,N,N) come back too.
     """
     _check_groups(q, k, v)
+    if return_weights:
+        return _math_maps(q, k, v)
     name = resolve(backend, q.device, q.dtype, head_dim=q.shape[-1])
-    if return_weights or name == "math":
-        weights = _maps(q, k).to(q.dtype)  # (B,G,R,N,N)
-        out = (weights @ v.unsqueeze(2)).flatten(1, 2)
-        return (out, weights.flatten(1, 2)) if return_weights else out
-    if name in ("blockwise", "blocks"):
-        groups = k.shape[1]
-        qg = q.unflatten(1, (groups, -1)).unsqueeze(1)  # (B,1,G,R,N,d)
-        fused = _sdpa_grouped if name == "blockwise" and _on_sdpa(q) else None
-        return blockwise.attention(qg, k.unsqueeze(1), v, fused_forward=fused).flatten(1, 2)
-    if name == "triton":
-        return triton_op.attention(q, k, v)
-    return _fused(name)(q, k, v)
+    return backend_named(name).softmax(q, k, v)
+
+
+def _math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return _math_maps(q, k, v)[0]
+
+
+def _math_maps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    weights = _maps(q, k).to(q.dtype)  # (B,G,R,N,N)
+    return (weights @ v.unsqueeze(2)).flatten(1, 2), weights.flatten(1, 2)
+
+
+def _blockwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, fused: bool) -> torch.Tensor:
+    groups = k.shape[1]
+    qg = q.unflatten(1, (groups, -1)).unsqueeze(1)  # (B,1,G,R,N,d)
+    forward = _sdpa_grouped if fused and _on_sdpa(q) else None
+    return blockwise.attention(qg, k.unsqueeze(1), v, fused_forward=forward).flatten(1, 2)
 
 
 # --- differential attention ------------------------------------------------------------------------
@@ -265,36 +285,54 @@ def diff_attend_maps(
     _check_groups(q1, k1, v, v_width=2 * q1.shape[-1])
     if q.shape[1] != 2 or k.shape[1] != 2:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must stack two maps on dim 1")
+    if return_weights:
+        return _diff_math_maps(q, k, v, lam)
     name = resolve(backend, q.device, q.dtype, diff=True, head_dim=q.shape[-1], seq_len=q.shape[-2])
-    if return_weights or name == "math":
-        a1, a2 = _maps(q1, k1), _maps(q[:, 1], k[:, 1])  # float32 (B,G,R,N,N)
-        # One product with V, so the FLOPs are a Transformer's with 2h heads of width d.
-        diff = (a1 - lam.float() * a2).to(v.dtype)
-        out = (diff @ v.unsqueeze(2)).flatten(1, 2)
-        if not return_weights:
-            return out
-        return out, {"a1": a1.flatten(1, 2).to(q.dtype), "a2": a2.flatten(1, 2).to(q.dtype), "lambda": lam}
-    if name in ("blockwise", "blocks"):
-        qg = q.unflatten(2, (k.shape[2], -1))  # (B,2,G,R,N,d)
-        fused = _padded_grouped if name == "blockwise" and _on_sdpa(q) else None
-        return blockwise.attention(qg, k, v, lam, fused_forward=fused).flatten(1, 2)
-    if name == "sdpa_padded":
-        return _diff_padded(q, k, v, lam)
-    if name == "combined":
-        return combined.attention(q.unflatten(2, (k.shape[2], -1)), k, v, lam).flatten(1, 2)
-    if name == "triton":  # one pass over K and V for both maps, (A1 - λ A2) V written once
-        return triton_op.diff_attention(q, k, v, lam)
-    # FlashDiffAttn_2 (Appendix A): the fused kernels need V as wide as Q/K (a wide V silently drops
-    # SDPA to its math kernel), so V is split into halves. Stacking Q1|Q2 and K1|K2 as heads keeps the
-    # pairing (stacked query head j reads stacked kv head j // (h / h_kv)) and gives one call per half.
-    h, neg_lam = q.shape[2], -lam
-    qs, ks = q.flatten(1, 2), k.flatten(1, 2)  # (B,2h,N,d), (B,2h_kv,N,d)
-    core = _fused(name)
-    halves = []
-    for v_half in v.chunk(2, dim=-1):
-        both = core(qs, ks, torch.cat([v_half, v_half], dim=1))  # [A1 V_half; A2 V_half] as heads
-        halves.append(torch.addcmul(both[:, :h], both[:, h:], neg_lam).transpose(1, 2))  # (B,N,h,d)
-    return torch.cat(halves, dim=-1).transpose(1, 2)  # [A1 V1 - λ A2 V1, A1 V2 - λ A2 V2]
+    return backend_named(name).diff(q, k, v, lam)
+
+
+def _diff_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    return _diff_math_maps(q, k, v, lam)[0]
+
+
+def _diff_math_maps(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    a1, a2 = _maps(q[:, 0], k[:, 0]), _maps(q[:, 1], k[:, 1])  # float32 (B,G,R,N,N)
+    # One product with V, so the FLOPs are a Transformer's with 2h heads of width d.
+    diff = (a1 - lam.float() * a2).to(v.dtype)
+    out = (diff @ v.unsqueeze(2)).flatten(1, 2)
+    return out, {"a1": a1.flatten(1, 2).to(q.dtype), "a2": a2.flatten(1, 2).to(q.dtype), "lambda": lam}
+
+
+def _diff_blockwise(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor, *, fused: bool
+) -> torch.Tensor:
+    qg = q.unflatten(2, (k.shape[2], -1))  # (B,2,G,R,N,d)
+    forward = _padded_grouped if fused and _on_sdpa(q) else None
+    return blockwise.attention(qg, k, v, lam, fused_forward=forward).flatten(1, 2)
+
+
+def _diff_combined(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    return combined.attention(q.unflatten(2, (k.shape[2], -1)), k, v, lam).flatten(1, 2)
+
+
+def _diff_split_v(core: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Differential attention on a fused softmax `core` (q, k, v) -> out, FlashDiffAttn_2 (Appendix A): the
+    fused kernels need V as wide as Q/K (a wide V silently drops SDPA to its math kernel), so V is split
+    into halves. Stacking Q1|Q2 and K1|K2 as heads keeps the pairing (stacked query head j reads stacked
+    kv head j // (h / h_kv)) and gives one call per half."""
+
+    def diff(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+        h, neg_lam = q.shape[2], -lam
+        qs, ks = q.flatten(1, 2), k.flatten(1, 2)  # (B,2h,N,d), (B,2h_kv,N,d)
+        halves = []
+        for v_half in v.chunk(2, dim=-1):
+            both = core(qs, ks, torch.cat([v_half, v_half], dim=1))  # [A1 V_half; A2 V_half] as heads
+            halves.append(torch.addcmul(both[:, :h], both[:, h:], neg_lam).transpose(1, 2))  # (B,N,h,d)
+        return torch.cat(halves, dim=-1).transpose(1, 2)  # [A1 V1 - λ A2 V1, A1 V2 - λ A2 V2]
+
+    return diff
 
 
 def _diff_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
@@ -364,16 +402,6 @@ def causal_softmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(causal, float("-inf")).softmax(dim=-1)
 
 
-def _fused(name: str):
-    if name in ("sdpa", "sdpa_padded", "combined"):
-        return _sdpa
-    if name in SDPA_KERNELS:
-        return functools.partial(_sdpa_held, name)
-    if name == "flash_attn":
-        return _flash
-    raise UserError(f"backend: unknown attention backend {name!r}; known: {', '.join(BACKENDS)}")
-
-
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     if q.shape[1] == k.shape[1]:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
@@ -420,3 +448,127 @@ def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         causal=True,
     )
     return out.transpose(1, 2)
+
+
+def _sdpa_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return _sdpa(q, k, v)
+
+
+def _held(name: str) -> Callable[..., torch.Tensor]:
+    return functools.partial(_sdpa_held, name)
+
+
+def _triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return triton_op.attention(q, k, v)
+
+
+def _diff_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    return triton_op.diff_attention(q, k, v, lam)  # one pass over K and V for both maps, (A1 - λ A2) V once
+
+
+# --- the table -------------------------------------------------------------------------------------
+
+CPU_AND_CUDA, CUDA_ONLY = ("cpu", "cuda"), ("cuda",)
+_HELD = "SDPA held to its {} kernel alone (never a silent fall-back); diff in the split-V form"
+TABLE: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend(
+            "auto",
+            CPU_AND_CUDA,
+            "the fastest measured for the device: on CUDA `flash_attn` for fp16/bf16 when installed, else "
+            "`sdpa_flash` for fp16/bf16 widths up to 256, `sdpa_efficient` for float32 or wider heads; on "
+            "CPU `sdpa`, except diff: `blockwise`, or `sdpa_padded` for float32 sub-heads under 64 wide, "
+            "or `blocks` for bf16 sub-heads of 32 or more on a CPU without AMX, and `combined` for "
+            "sequences up to 256 in float32, or bf16 without AMX (benchmarks/NOTES.md)",
+        ),
+        Backend(
+            "math",
+            CPU_AND_CUDA,
+            "the equations literally, the N x N maps materialised (and returned when asked): the reference",
+            softmax=_math,
+            diff=_diff_math,
+        ),
+        Backend(
+            "sdpa",
+            CPU_AND_CUDA,
+            "PyTorch's fused `scaled_dot_product_attention`; diff in the split-V form of Appendix A",
+            softmax=_sdpa_core,
+            diff=_diff_split_v(_sdpa_core),
+        ),
+        Backend(
+            "sdpa_padded",
+            CPU_AND_CUDA,
+            "diff: Q and K zero-padded to V's width 2d, both maps and the wide V in one fused call "
+            "(softmax: `sdpa`)",
+            softmax=_sdpa_core,
+            diff=_diff_padded,
+        ),
+        Backend(
+            "blockwise",
+            CPU_AND_CUDA,
+            "SDPA's fused forward (`sdpa_padded` for diff), backward in query blocks of GEMMs with one "
+            "(A1 - λ A2) V product; nothing N x N kept",
+            softmax=functools.partial(_blockwise, fused=True),
+            diff=functools.partial(_diff_blockwise, fused=True),
+        ),
+        Backend(
+            "blocks",
+            CPU_AND_CUDA,
+            "forward and backward both in query blocks, no fused kernel: diff's forward combines the maps "
+            "before V, Eq. 1's FLOPs in both directions",
+            softmax=functools.partial(_blockwise, fused=False),
+            diff=functools.partial(_diff_blockwise, fused=False),
+        ),
+        Backend(
+            "combined",
+            CPU_AND_CUDA,
+            "diff: both maps kept whole per query block and combined before V, one autograd Function, "
+            "nothing recomputed; O(N^2) memory (softmax: `sdpa`)",
+            softmax=_sdpa_core,
+            diff=_diff_combined,
+        ),
+        Backend(
+            "flash_attn",
+            CUDA_ONLY,
+            "the flash-attn package (`pip install '.[flash]'`), fp16 and bf16; diff in the split-V form "
+            "(FlashDiffAttn_2)",
+            softmax=_flash,
+            diff=_diff_split_v(_flash),
+            require=flash_attn_func,
+        ),
+        Backend(
+            "sdpa_flash",
+            CPU_AND_CUDA,
+            _HELD.format("flash"),
+            _held("sdpa_flash"),
+            _diff_split_v(_held("sdpa_flash")),
+        ),
+        Backend(
+            "sdpa_efficient",
+            CUDA_ONLY,
+            _HELD.format("memory-efficient"),
+            _held("sdpa_efficient"),
+            _diff_split_v(_held("sdpa_efficient")),
+        ),
+        Backend(
+            "sdpa_cudnn",
+            CUDA_ONLY,
+            _HELD.format("cuDNN"),
+            _held("sdpa_cudnn"),
+            _diff_split_v(_held("sdpa_cudnn")),
+        ),
+        Backend(
+            "triton",
+            CUDA_ONLY,
+            "our own Triton kernel (`pip install '.[triton]'`): diff's two maps in one pass over K and V "
+            "per direction, (A1 - λ A2) V written once; softmax with one map; on CPU through Triton's "
+            "interpreter (exact, slow: for tests); opt-in, never chosen by `auto` (benchmarks/NOTES.md has "
+            "its cost model)",
+            softmax=_triton,
+            diff=_diff_triton,
+            require=lambda: triton_op.require(),
+        ),
+    )
+}
+BACKENDS = tuple(TABLE)  # the names, `auto` first

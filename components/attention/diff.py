@@ -86,6 +86,7 @@ class DiffAttention(nn.Module):
         self.n_heads = d_model // (2 * d)  # h = d_model / 2d: a Transformer's 2h heads of width d
         self.n_kv_heads = kv_heads(n_kv_heads, self.n_heads, what="diff heads")
         self.backend = backends.check_backend(backend, key=f"{KEY}.backend")
+        self.backend_of = backends.Resolved(self.backend, diff=True, head_dim=d)  # `auto`: once per device
         self.q_proj = nn.Linear(d_model, 2 * self.n_heads * d, bias=False)
         self.k_proj = nn.Linear(d_model, 2 * self.n_kv_heads * d, bias=False)
         self.v_proj = nn.Linear(d_model, self.n_kv_heads * 2 * d, bias=False)
@@ -114,9 +115,7 @@ class DiffAttention(nn.Module):
 
     def resolved_backend(self, device: torch.device, dtype: torch.dtype, seq_len: int | None = None) -> str:
         """The attention core that runs for inputs on `device` of `dtype` (and `seq_len` long, where known)."""
-        return backends.resolve(
-            self.backend, device, dtype, diff=True, head_dim=self.head_dim, seq_len=seq_len
-        )
+        return self.backend_of(device, dtype, seq_len)
 
     def lambda_value(self) -> torch.Tensor:
         """λ = exp(λq1·λk1) - exp(λq2·λk2) + λ_init (Eq. 2), a float32 0-dim tensor (with its graph)."""
@@ -134,7 +133,12 @@ class DiffAttention(nn.Module):
         batch, n, _ = x.shape
         q, k, v = self.project(x)
         result = backends.diff_attend_maps(
-            q, k, v, self.lambda_value(), backend=self.backend, return_weights=return_weights
+            q,
+            k,
+            v,
+            self.lambda_value(),
+            backend=self.backend_of(q.device, q.dtype, q.shape[-2]),
+            return_weights=return_weights,
         )
         out, weights = result if return_weights else (result, None)  # (B,h,N,2d)
         if self.subln is not None:  # Eq. 3, times the fixed (1 - λ_init)

@@ -69,6 +69,7 @@ class DiffV2Attention(nn.Module):
         self.d_model, self.head_dim, self.n_heads = d_model, d, h
         self.n_kv_heads = kv_heads(n_kv_heads, h)  # h_kv | h: heads 2i and 2i+1 then share kv head
         self.backend = backends.check_backend(backend, key=f"{KEY}.backend")
+        self.backend_of = backends.Resolved(self.backend, head_dim=d)  # `auto`: once per device
         self.q_proj = nn.Linear(d_model, 2 * h * d, bias=False)
         self.k_proj = nn.Linear(d_model, self.n_kv_heads * d, bias=False)
         self.v_proj = nn.Linear(d_model, self.n_kv_heads * d, bias=False)
@@ -90,7 +91,8 @@ class DiffV2Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (B,N,d_model) -> (B,N,d_model)."""
         q, k, v = self.project(x)
-        attn = backends.attend(q, k, v, backend=self.backend)  # (B,2h,N,d): one call, GQA pairing
+        backend = self.backend_of(q.device, q.dtype)
+        attn = backends.attend(q, k, v, backend=backend)  # (B,2h,N,d): one call, GQA pairing
         return self._combine(x, attn[:, 0::2], attn[:, 1::2])
 
     def _combine(self, x: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
@@ -122,7 +124,7 @@ class DiffV2Attention(nn.Module):
 
     def resolved_backend(self, device: torch.device, dtype: torch.dtype, seq_len: int | None = None) -> str:
         """The attention core that runs for inputs on `device` of `dtype` (`seq_len`: unused, as for `diff`)."""
-        return backends.resolve(self.backend, device, dtype, head_dim=self.head_dim)
+        return self.backend_of(device, dtype)
 
     def flops(self, seq_len: int) -> int:
         """Projections (q 2h·d, k and v h_kv·d, λ h, o h·d) plus the dense maps of 2h query heads

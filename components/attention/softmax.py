@@ -74,6 +74,7 @@ class SoftmaxAttention(nn.Module):
         self.n_heads = d_model // width
         self.n_kv_heads = kv_heads(n_kv_heads, self.n_heads)
         self.backend = backends.check_backend(backend, key=f"{KEY}.backend")
+        self.backend_of = backends.Resolved(self.backend, head_dim=width)  # `auto`: once per device
         self.q_proj = nn.Linear(d_model, self.n_heads * width, bias=False)
         self.k_proj = nn.Linear(d_model, self.n_kv_heads * width, bias=False)
         self.v_proj = nn.Linear(d_model, self.n_kv_heads * width, bias=False)
@@ -91,7 +92,9 @@ class SoftmaxAttention(nn.Module):
         the math backend whatever `backend` is (the fused kernels never form them)."""
         batch, n, _ = x.shape
         q, k, v = self.project(x)
-        result = backends.attend(q, k, v, backend=self.backend, return_weights=return_weights)
+        result = backends.attend(
+            q, k, v, backend=self.backend_of(q.device, q.dtype), return_weights=return_weights
+        )
         out, weights = result if return_weights else (result, None)
         if self.subln is not None:
             out = self.subln(out)
@@ -117,7 +120,7 @@ class SoftmaxAttention(nn.Module):
 
     def resolved_backend(self, device: torch.device, dtype: torch.dtype, seq_len: int | None = None) -> str:
         """The attention core that runs for inputs on `device` of `dtype` (`seq_len`: unused, as for `diff`)."""
-        return backends.resolve(self.backend, device, dtype, head_dim=self.head_width)
+        return self.backend_of(device, dtype)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B,H,N,w) and k (B,H_kv,N,w), rotated, and v (B,H_kv,N,w) (views of the projections)."""

@@ -197,3 +197,19 @@ def test_links_between_pages_reach_a_file_and_a_heading():
             elif anchor and anchor not in {slug(h) for h in re.findall(r"^#+ (.*)$", path.read_text(), re.M)}:
                 broken.append(f"{page.name} -> {target[0]}#{anchor}")
     assert not broken, broken
+
+
+def backend_rows(page: str) -> list[str]:
+    """The rows of the table under '### Attention backends' (the header and the rule left out)."""
+    section = page.split("### Attention backends", 1)[1].split("\n#", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("| `")]
+
+
+def test_the_docs_list_the_attention_backends_of_the_table():
+    from components.attention.backends import TABLE
+
+    expected = [
+        f"| `{b.name}` | {', '.join(d.upper() for d in b.runs_on)} | {b.about} |" for b in TABLE.values()
+    ]
+    shown = backend_rows((ROOT / "docs" / "recipes-and-components.md").read_text())
+    assert shown == expected, "docs/recipes-and-components.md's backends, from TABLE:\n" + "\n".join(expected)

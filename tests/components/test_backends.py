@@ -19,6 +19,9 @@ from components.attention import backends
 FUSED_CPU = "aten::_scaled_dot_product_flash_attention_for_cpu"
 MATH = "aten::_scaled_dot_product_attention_math"
 CUDA = torch.device("cuda")  # a device object only: nothing runs on it
+# Every backend of the table with a CPU kernel, and flash_attn through its CPU stand-in (`fake_flash`);
+# triton runs in Triton's interpreter in test_triton_attention.py.
+ON_CPU = [name for name, b in backends.TABLE.items() if "cpu" in b.runs_on] + ["flash_attn"]
 
 
 def softmax64(q, k, v):
@@ -62,6 +65,65 @@ def test_resolve(fake_flash, monkeypatch):
     assert backends.resolve("auto", CUDA, torch.bfloat16) == "sdpa_flash"  # test_cuda_kernels
 
 
+def test_the_table_holds_each_backend_once_with_both_cores():
+    assert backends.BACKENDS == tuple(backends.TABLE) and backends.BACKENDS[0] == "auto"
+    assert all(name == b.name for name, b in backends.TABLE.items())
+    for b in backends.TABLE.values():
+        assert b.runs_on and set(b.runs_on) <= {"cpu", "cuda"} and b.about, b.name
+        cores = (b.softmax, b.diff)
+        assert cores == (None, None) if b.name == "auto" else all(map(callable, cores)), b.name
+
+
+def test_auto_is_resolved_once_per_module_and_device(monkeypatch):
+    calls = []
+    resolve = backends.resolve
+
+    def counting(name, *args, **kwargs):
+        calls.append(name)
+        return resolve(name, *args, **kwargs)
+
+    monkeypatch.setattr(backends, "resolve", counting)
+    for kind, seq in (("diff", 8), ("softmax", 8)):
+        calls.clear()
+        module = build("attention", kind, d_model=32, head_dim=8, layer_idx=0, n_layers=1, backend="auto")
+        x = torch.randn(1, seq, 32)
+        for _ in range(3):
+            module(x)
+        assert calls.count("auto") == 1, kind  # the first call resolved it; the next two used it
+        module.to(torch.bfloat16)(x.bfloat16())  # another dtype
+        module(torch.randn(1, seq + 1, 32, dtype=torch.bfloat16))  # another length: diff's rule reads it
+        assert calls.count("auto") == (3 if kind == "diff" else 2), kind
+
+
+def test_cpuinfo_is_read_once_per_process():
+    """/proc/cpuinfo read and its flags parsed once, at import: `auto` and `cpu_has_amx()` reuse them."""
+    script = (
+        "import pathlib\n"
+        "reads = []\n"
+        "read_text = pathlib.Path.read_text\n"
+        "def counting(self, *a, **k):\n"
+        "    reads.append(str(self))\n"
+        "    return read_text(self, *a, **k)\n"
+        "pathlib.Path.read_text = counting\n"
+        "import torch\n"
+        "from ablate.core.registry import build\n"
+        "from components.attention import backends\n"
+        "parses = []\n"
+        "flags = backends._cpu_flags\n"
+        "backends._cpu_flags = lambda text: parses.append(1) or flags(text)\n"
+        "for kind in ('diff', 'softmax'):\n"
+        "    for width in (8, 16):\n"
+        "        m = build('attention', kind, d_model=32, head_dim=width, layer_idx=0, n_layers=1, backend='auto')\n"
+        "        m.to(torch.bfloat16)(torch.randn(1, 8, 32, dtype=torch.bfloat16))\n"
+        "        backends.resolve('auto', torch.device('cpu'), torch.bfloat16, diff=True, head_dim=width)\n"
+        "        backends.cpu_has_amx()\n"
+        "print(reads.count('/proc/cpuinfo'), len(parses))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "0"]  # read and parsed at import; neither again per call
+
+
 def test_unknown_backend():
     with pytest.raises(
         UserError, match=r"backend: unknown attention backend 'flsh_attn' \(did you mean 'flash_attn'\?\)"
@@ -69,9 +131,7 @@ def test_unknown_backend():
         backends.check_backend("flsh_attn")
 
 
-@pytest.mark.parametrize(
-    "backend", ["math", "sdpa", "sdpa_padded", "blockwise", "blocks", "combined", "flash_attn", "auto"]
-)
+@pytest.mark.parametrize("backend", ON_CPU)
 @pytest.mark.parametrize("kv_heads", [6, 2, 1])
 def test_attend(fake_flash, backend, kv_heads):
     torch.manual_seed(0)
@@ -83,9 +143,7 @@ def test_attend(fake_flash, backend, kv_heads):
     assert len(fake_flash) == (backend == "flash_attn")
 
 
-@pytest.mark.parametrize(
-    "backend", ["math", "sdpa", "sdpa_padded", "blockwise", "blocks", "combined", "flash_attn", "auto"]
-)
+@pytest.mark.parametrize("backend", ON_CPU)
 @pytest.mark.parametrize("kv_heads", [3, 1])
 def test_diff_attend(fake_flash, backend, kv_heads):
     """Eq. 1 with Q1 of head i against K1 of group i // (h / h_kv), Q2 against K2 of that group."""
