@@ -113,35 +113,15 @@ def run_trial(
 
     from ablate.train.branches import train_budgets
     from ablate.train.module import Diverged
-    from ablate.train.pruning import PruningCallback
 
     plan = trial_plan(trial)
     sampled = {d.key: d.suggest(trial) for d in ctx.search.dimensions}  # enqueued grid points come back fixed
     run = ctx.run_for_plan(plan, sampled)
     heartbeat = Heartbeat(trial, storage, ctx.grace_period)
     try:
-        client = ctx.stores.client()
         trial_tags = {names.TRIAL: str(trial.number), names.STUDY: ctx.study_name}
-        _, run_id = tracking.open_run(
-            client, run, ctx.stores.workspace, parent_run_id=parent, extra_tags=trial_tags
-        )
-        for key, value in {
-            "variant": run.variant,
-            "seed": run.seed,
-            "size": run.size or "",
-            "run_key": run.key,
-            "run_name": run.name,
-            "mlflow_run_id": run_id,
-        }.items():
-            trial.set_user_attr(key, value)
+        client, run_id = _open_trial_run(ctx, trial, run, parent, trial_tags)
         _print_progress(ctx, study, run, workers, sampled)
-        callbacks: list[L.Callback] = []
-        if ctx.search.pruner.get("name", "none") != "none":
-            callbacks.append(PruningCallback(trial))
-        if preemption.armed():
-            callbacks.append(
-                preemption.CheckpointOnWarning(lambda step: trial.set_user_attr("preempted_at", step))
-            )
 
         def record_budget(budget_run: RunSpec, budget_result: Any) -> None:  # each budget's run, as it ends
             if run.budgets:
@@ -154,7 +134,7 @@ def run_trial(
             parent_run_id=parent,
             progress=ctx.progress,
             extra_tags=trial_tags,
-            callbacks=callbacks,
+            callbacks=_trial_callbacks(ctx, trial),
             every_run_callbacks=[StopWhenTakenOver(heartbeat)],  # a budget's cooldown branch too
             on_result=record_budget,
             folder_wait=ctx.grace_period,  # a worker that lost the trial stops at its next step
@@ -187,6 +167,42 @@ def run_trial(
     heartbeat.stop()
     study.tell(trial, result.val_loss)
     print(f"[sweep] {result.summary()}", flush=True)
+
+
+def _open_trial_run(
+    ctx: SweepContext, trial: Any, run: RunSpec, parent: str, trial_tags: dict[str, str]
+) -> tuple[Any, str]:
+    """(MLflow client, run id) of the trial's run, opened or resumed under the sweep's parent run; the
+    trial remembers which run it is (its plan's variant, seed, size, run key and name, the run's id)."""
+    client = ctx.stores.client()
+    _, run_id = tracking.open_run(
+        client, run, ctx.stores.workspace, parent_run_id=parent, extra_tags=trial_tags
+    )
+    for key, value in {
+        "variant": run.variant,
+        "seed": run.seed,
+        "size": run.size or "",
+        "run_key": run.key,
+        "run_name": run.name,
+        "mlflow_run_id": run_id,
+    }.items():
+        trial.set_user_attr(key, value)
+    return client, run_id
+
+
+def _trial_callbacks(ctx: SweepContext, trial: Any) -> list[L.Callback]:
+    """What watches the trial's training: the search's pruner, and under Slurm the checkpoint saved on the
+    preemption warning (its step kept on the trial)."""
+    from ablate.train.pruning import PruningCallback
+
+    callbacks: list[L.Callback] = []
+    if ctx.search.pruner.get("name", "none") != "none":
+        callbacks.append(PruningCallback(trial))
+    if preemption.armed():
+        callbacks.append(
+            preemption.CheckpointOnWarning(lambda step: trial.set_user_attr("preempted_at", step))
+        )
+    return callbacks
 
 
 class StopWhenTakenOver(L.Callback):
