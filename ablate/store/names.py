@@ -43,6 +43,8 @@ TOKENS = PREFIX + "tokens"
 PRECISION = PREFIX + "precision"
 PRECISION_REASON = PREFIX + "precision_reason"
 ATTENTION_KERNEL = PREFIX + "attention_kernel"
+ATTENTION_CHOICE = PREFIX + "attention_choice"  # `auto` on CUDA: the core measured fastest
+ATTENTION_TIMINGS_MS = PREFIX + "attention_timings_ms"  # json: each candidate's milliseconds
 MACHINE = PREFIX + "machine"
 
 # The data it read (ablate.data.passes says what they mean).

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from ablate.model.config import ModelConfig
+from ablate.store import names
 from ablate.train.config import TrainConfig
 
 BACKENDS = ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "triton")
@@ -74,8 +75,8 @@ class Choice:
         ms = {k: None if v is None else round(v * 1e3, 3) for k, v in self.timings.items()}
         source = "cached in the workspace" if self.cached else "measured"
         return {
-            "ablate.attention_choice": f"{name(self.backend, self.compiled)} (fastest whole step, {source})",
-            "ablate.attention_timings_ms": json.dumps(ms, sort_keys=True),
+            names.ATTENTION_CHOICE: f"{name(self.backend, self.compiled)} (fastest whole step, {source})",
+            names.ATTENTION_TIMINGS_MS: json.dumps(ms, sort_keys=True),
         }
 
 
