@@ -171,3 +171,17 @@ def test_pips_configuration_decides_the_indexes(served, monkeypatch):
     }
     assert indexes_from_config(config, {}).index_urls == ("https://d.example/simple",)
     assert indexes_from_config({}, {}).index_urls == ("https://pypi.org/simple",)
+
+
+def test_a_pip_constraint_on_the_project_does_not_stand_in_the_way_of_a_pinned_file(
+    served, tmp_path, monkeypatch
+):
+    """pip's constraints are for installs: the corpus fetches one file by name and hash, installs nothing,
+    so a constraint naming another version of the project changes nothing (pip download refused it)."""
+    root, marker = served
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("evilpkg==2.0\n")
+    monkeypatch.setenv("PIP_CONSTRAINT", str(constraints))
+    manifest = _manifest(tmp_path, root / "files" / "evilpkg-1.0.tar.gz")
+    folder = build_builtin(NAME, manifest_path=manifest, root=tmp_path / "cache", say=lambda line: None)
+    assert json.loads((folder / "manifest.json").read_text())["documents"] == 3 and not marker.exists()
