@@ -296,7 +296,10 @@ def test_an_attention_without_head_ratio_is_refused_where_the_head_width_changes
     [
         ("mu", r"^model.parametrization.name: 'mu' is not one of standard, mup$"),
         ({"name": "mup"}, r"^model.parametrization.base_d_model: mup needs"),
-        ({"name": "mup", "base_d_model": 0}, r"^model.parametrization.base_d_model: expected an integer from 1 to"),
+        (
+            {"name": "mup", "base_d_model": 0},
+            r"^model.parametrization.base_d_model: expected an integer from 1 to",
+        ),
         ({"name": "mup", "base_d_model": 32, "depth": "x"}, r"^model.parametrization.depth: 'x'"),
         ({"name": "mup", "base_d_model": 32, "width": 1}, r"^model.parametrization.width: unknown key"),
         ({"name": "standard", "base_d_model": 32}, r"^model.parametrization.base_d_model: only mup"),
