@@ -272,7 +272,8 @@ def collect(out: Path, workspace: Path, part: str) -> None:
             for key in ("train/loss", "val/loss", "tokens_per_s", "compile_s"):
                 for m in client.get_metric_history(run.info.run_id, key):
                     history.setdefault(m.step, {})[key] = m.value
-            rows += [{**who, "step": s, **history[s]} for s in sorted(history)]
+            chosen = {k: tags.get(f"ablate.{k}", "") for k in ("attention_choice", "attention_timings_ms")}
+            rows += [{**who, "step": s, **history[s], **chosen} for s in sorted(history)]
         else:
             seconds = (run.info.end_time - run.info.start_time) / 1000 if run.info.end_time else ""
             rows.append({**who, "budget_tokens": tags.get(names.BUDGET_TOKENS, ""),
@@ -284,7 +285,18 @@ def collect(out: Path, workspace: Path, part: str) -> None:
         columns = ["variant", "seed", "budget_tokens", "status", "val_loss", "ar_hit", "others", "seconds"]
         write_csv(out / "d_budgets.csv", rows, columns)
         return
-    columns = ["scale", "variant", "seed", "step", "train/loss", "val/loss", "tokens_per_s", "compile_s"]
+    columns = [
+        "scale",
+        "variant",
+        "seed",
+        "step",
+        "train/loss",
+        "val/loss",
+        "tokens_per_s",
+        "compile_s",
+        "attention_choice",
+        "attention_timings_ms",
+    ]  # the choice `auto` measured on CUDA, if any
     write_csv(out / {"c": "c_train.csv", "e": "e_compile.csv"}[part], rows, columns)
     shutil.rmtree(workspace / "runs" / tracking.experiment_name("device-check", scale), ignore_errors=True)
 
