@@ -1,5 +1,5 @@
-"""Take the two MLflow UI pictures of docs/mlflow-ui.md (the README shows the first): the printed link's list
-view and its chart view.
+"""Take the two MLflow UI pictures of docs/mlflow-ui.md (the README shows the first): the list view, and the
+printed link's chart view (the paired differences first).
 
     ablate sweep recipes/table6.yaml --scale tiny --yes --reports ablate-runs/reports   # the quickstart
     ablate ui &                                                                         # prints the link
@@ -47,9 +47,10 @@ def take(url: str, out: Path, timeout: float = 180.0) -> list[Path]:
     )
     written = []
     try:
+        charts = url if "compareRunsMode=CHART" in url else url + "&compareRunsMode=CHART"
         for name, link, ready in (
-            ("mlflow-ui-list.png", url, "val/loss"),
-            ("mlflow-ui-charts.png", url + "&compareRunsMode=CHART", "(val/loss)"),
+            ("mlflow-ui-list.png", charts.replace("&compareRunsMode=CHART", ""), "val/loss"),
+            ("mlflow-ui-charts.png", charts, "/diff/mean"),  # the paired differences' first chart
         ):
             driver.get(link)
             WebDriverWait(driver, timeout).until(
