@@ -50,7 +50,7 @@ def take(url: str, out: Path, timeout: float = 180.0) -> list[Path]:
         charts = url if "compareRunsMode=CHART" in url else url + "&compareRunsMode=CHART"
         for name, link, ready in (
             ("mlflow-ui-list.png", charts.replace("&compareRunsMode=CHART", ""), "val/loss"),
-            ("mlflow-ui-charts.png", charts, "/diff/mean"),  # the paired differences' first chart
+            ("mlflow-ui-charts.png", charts, "paired differences vs the reference row"),
         ):
             driver.get(link)
             WebDriverWait(driver, timeout).until(

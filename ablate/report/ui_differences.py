@@ -12,8 +12,8 @@ Series of the parent run (MLflow's step is an integer: the training tokens of th
 - `diff/<metric>/<row>/mean`, `.../low`, `.../high`: at every evaluation point of the row's runs, the mean
   paired difference to the reference and the two ends of its 95% paired-t interval, for each validation
   metric the table reports (`val/loss`, `val/ar_hit`, `val/others`); `<row>` is the variant, with
-  `:<size>` in a recipe with sizes. With one seed there is no interval: `mean` alone, and the chart says so
-  (as the report's "n=1, no interval").
+  `:<size>` in a recipe with sizes. With one seed there is no interval: `mean` alone, and the parent run's
+  description (MLflow's run note) says so, as the report's "n=1, no interval".
 - `budget/val/loss/<row>/mean`, `low`, `high`: a budget study's difference at each budget (its final
   validation loss, paired by seed), one point per budget.
 
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from ablate.report import stats
 from ablate.report.run_records import METRICS, RunRecord, collect
 from ablate.report.table import best_per_variant, pair_key, row_labels
+from ablate.store.comparison import COLOR_TAG, PARENT_COLOR, row_colors
 from ablate.store.difference_keys import (
     BUDGET,
     DIFF,
@@ -169,6 +170,17 @@ def note(references: dict[str, str], labels: dict[str, str], one_seed: list[str]
     return text
 
 
+def paint(client: Any, parent: str, order: list[str], records: list[RunRecord]) -> None:
+    """Each run its row's colour in the UI (ablate.store.comparison), set as the runs end, so a report's
+    export, written after them, holds the tags `ablate ui` would otherwise add later."""
+    colors = row_colors(order)
+    wanted = {r.run_id: colors[r.variant] for r in records if r.run_id and r.variant in colors}
+    wanted[parent] = PARENT_COLOR
+    for run_id, color in wanted.items():
+        if client.get_run(run_id).data.tags.get(COLOR_TAG) != color:
+            client.set_tag(run_id, COLOR_TAG, color)
+
+
 def log_differences(ctx: SweepContext, study: Any, finished_run: str = "") -> int:
     """Write the differences of every settled row not yet on the parent run; returns the points written.
     `finished_run`: the MLflow run of a trial that has ended but is not told yet (a worker's after-trial
@@ -183,8 +195,10 @@ def log_differences(ctx: SweepContext, study: Any, finished_run: str = "") -> in
     budgeted = ctx.recipe.budgets(ctx.scale) is not None
     records = collect(ctx, study, with_curves=False, budgets=budgeted)
     for r in records:
-        if finished_run and r.run_id == finished_run:
+        if finished_run and r.run_id == finished_run:  # read as finished: its final metrics (collect's way)
             r.state = "finished"
+            metrics = client.get_run(finished_run).data.metrics
+            r.values.update({name: metrics.get(key, math.nan) for name, key in METRICS})
     if any(r.searched for r in records):
         records, _ = best_per_variant(records)  # the points the report's table shows
     settled = settled_rows(study, records, finished_run)
@@ -200,6 +214,7 @@ def log_differences(ctx: SweepContext, study: Any, finished_run: str = "") -> in
     for start in range(0, len(new), BATCH):  # MLflow takes at most 1000 metrics a request
         client.log_batch(parent, metrics=new[start : start + BATCH])
     client.set_tag(parent, ORDER_TAG, json.dumps(order))
+    paint(client, parent, order, records)
     if references:
         client.set_tag(parent, REFERENCE_TAG, json.dumps(references, sort_keys=True))
         client.set_tag(parent, ONE_SEED_TAG, json.dumps(one_seed))

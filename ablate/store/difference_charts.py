@@ -111,7 +111,7 @@ def difference_charts(
                     "isReordered": True,
                     "deleted": False,
                     "isGenerated": False,
-                    "columns": 2,
+                    "columns": 1,
                     "cardHeight": 360,
                 }
             )

@@ -235,6 +235,14 @@ def test_a_budgeted_sweep_reports_every_budget_the_gap_and_its_trend_and_fits_on
             for s in (0, 1)
         ]
         assert float(g["gap"]) == pytest.approx(sum(diffs) / 2, abs=1e-12)
+    # The sweep's parent run carries each budget's difference for the MLflow UI: these rows, step = tokens.
+    client = Stores(tmp_path / "ws").client()
+    (parent,) = client.search_runs(
+        [client.get_experiment_by_name("mini").experiment_id], "tags.`ablate.role` = 'sweep'"
+    )
+    for end, column in (("mean", "gap"), ("low", "lo"), ("high", "hi")):
+        logged = client.get_metric_history(parent.info.run_id, f"budget/val/loss/diff/{end}")
+        assert {m.step: m.value for m in logged} == {int(g["tokens"]): float(g[column]) for g in gaps}
     (trend,) = list(csv.DictReader(open(folder / "trend.csv")))
     doublings = list(csv.DictReader(open(folder / "doublings.csv")))
     assert [(int(d["from_tokens"]), int(d["to_tokens"])) for d in doublings] == [(2048, 4096), (4096, 8192)]
