@@ -46,32 +46,29 @@ def test_a_base_shape_outside_its_range_is_one_line(tmp_path, capsys, parametriz
     _one_line(*_check(capsys, recipe)[::2], *fragments)
 
 
-def test_an_undeclared_parameter_role_is_one_line_in_check(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    ("norm", "fragments"),
+    [
+        ("test_unroled_norm", ("UnroledNorm does not declare parameter 'shift'", "parameter_roles")),
+        (
+            "test_wide_only_norm",
+            (
+                "model.parametrization.base_d_model: the base model (d_model 16, head_dim 8) cannot be built",
+                "ValueError: WideOnlyNorm needs dim >= 32, got 16",
+            ),
+        ),
+    ],
+    ids=["an-undeclared-parameter-role", "a-component-refusing-the-base-width"],
+)
+def test_a_plugin_norm_mup_cannot_use_is_one_line_in_check(tmp_path, capsys, monkeypatch, norm, fragments):
     monkeypatch.syspath_prepend(str(HERE))
     recipe = write_recipe(
         tmp_path,
         imports=["mup_plugin_example"],
         base__model__parametrization=MUP,
-        base__model__norm={"name": "test_unroled_norm"},
+        base__model__norm={"name": norm},
     )
-    _one_line(
-        *_check(capsys, recipe)[::2], "UnroledNorm does not declare parameter 'shift'", "parameter_roles"
-    )
-
-
-def test_a_component_refusing_the_base_width_is_one_line_in_check(tmp_path, capsys, monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
-    recipe = write_recipe(
-        tmp_path,
-        imports=["mup_plugin_example"],
-        base__model__parametrization=MUP,
-        base__model__norm={"name": "test_wide_only_norm"},
-    )
-    _one_line(
-        *_check(capsys, recipe)[::2],
-        "model.parametrization.base_d_model: the base model (d_model 16, head_dim 8) cannot be built",
-        "ValueError: WideOnlyNorm needs dim >= 32, got 16",
-    )
+    _one_line(*_check(capsys, recipe)[::2], *fragments)
 
 
 def test_a_base_larger_than_the_model_is_noted(tmp_path, capsys):
