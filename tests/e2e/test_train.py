@@ -200,6 +200,11 @@ def test_lr_schedule_is_linear_warmup_then_linear_decay(mini_recipe):
     assert lr_factor(100, cfg) == pytest.approx(0.0)
 
 
+def _train_diff(recipe, workspace, *args: str) -> int:
+    """`ablate train RECIPE --variant diff --workspace WORKSPACE ARGS...`: its exit code."""
+    return main(["train", str(recipe), "--variant", "diff", "--workspace", str(workspace), *args])
+
+
 def _one_error_line(capsys) -> str:
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
@@ -207,34 +212,12 @@ def _one_error_line(capsys) -> str:
 
 
 def test_missing_data_path_is_one_line_exit_2(mini_recipe, tmp_path, capsys):
-    code = main(
-        [
-            "train",
-            str(mini_recipe),
-            "--variant",
-            "diff",
-            "--workspace",
-            str(tmp_path / "ws"),
-            "--base.data.source",
-            str(tmp_path / "nowhere"),
-        ]
-    )
+    code = _train_diff(mini_recipe, tmp_path / "ws", "--base.data.source", str(tmp_path / "nowhere"))
     assert code == 2 and "data.source" in _one_error_line(capsys)
 
 
 def test_vocab_of_data_larger_than_model_is_one_line_exit_2(mini_recipe, tmp_path, capsys):
-    code = main(
-        [
-            "train",
-            str(mini_recipe),
-            "--variant",
-            "diff",
-            "--workspace",
-            str(tmp_path / "ws"),
-            "--base.model.vocab_size",
-            "100",
-        ]
-    )
+    code = _train_diff(mini_recipe, tmp_path / "ws", "--base.model.vocab_size", "100")
     line = _one_error_line(capsys)
     assert code == 2 and "model.vocab_size" in line and "257" in line
 
@@ -245,36 +228,16 @@ def test_unreadable_shard_is_one_line_exit_2(mini_recipe, tmp_path, capsys):
     capsys.readouterr()
     victim = sorted(shards.rglob("*.bin"))[0]
     victim.write_bytes(victim.read_bytes()[:-3])  # truncated: its size no longer matches its header
-    code = main(
-        [
-            "train",
-            str(mini_recipe),
-            "--variant",
-            "diff",
-            "--workspace",
-            str(tmp_path / "ws"),
-            "--base.data.source",
-            str(shards),
-            "--base.data.tokenizer",
-            "null",
-        ]
+    code = _train_diff(
+        mini_recipe, tmp_path / "ws", "--base.data.source", str(shards), "--base.data.tokenizer", "null"
     )
     assert code == 2 and "data.source" in _one_error_line(capsys)
 
 
 def test_tokenizer_not_available_offline_is_one_line_exit_2(mini_recipe, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
-    code = main(
-        [
-            "train",
-            str(mini_recipe),
-            "--variant",
-            "diff",
-            "--workspace",
-            str(tmp_path / "ws"),
-            "--base.data.tokenizer",
-            "{name: tiktoken, encoding: cl100k_base}",
-        ]
+    code = _train_diff(
+        mini_recipe, tmp_path / "ws", "--base.data.tokenizer", "{name: tiktoken, encoding: cl100k_base}"
     )
     assert code == 2 and "data.tokenizer" in _one_error_line(capsys)
 
@@ -282,7 +245,7 @@ def test_tokenizer_not_available_offline_is_one_line_exit_2(mini_recipe, tmp_pat
 def test_unwritable_workspace_is_one_line_exit_2(mini_recipe, tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    code = main(["train", str(mini_recipe), "--variant", "diff", "--workspace", str(blocker / "ws")])
+    code = _train_diff(mini_recipe, blocker / "ws")
     assert code == 2 and "--workspace" in _one_error_line(capsys)
 
 
