@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from crash_callback import CrashAt
 from mini_project import MINI, write_corpus, write_recipe
 
 from ablate.core.workspace import Workspace
@@ -43,15 +44,6 @@ class Batches(L.Callback):
             if steps is None or step in steps
             for row in batch
         ]
-
-
-class CrashAt(L.Callback):
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if trainer.global_step == self.step:
-            raise RuntimeError("simulated crash")
 
 
 def _recipe(tmp_path: Path, **changes) -> Path:

@@ -9,6 +9,7 @@ import lightning.pytorch as L
 import numpy as np
 import pytest
 import torch
+from crash_callback import CrashAt
 from mini_project import write_recipe
 
 from ablate.cli import main
@@ -39,17 +40,6 @@ class FirstBatch(L.Callback):
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if self.batch is None:
             self.batch = batch.clone()
-
-
-class CrashAt(L.Callback):
-    """Stands in for a crash (or a kill) in the middle of training."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if trainer.global_step == self.step:
-            raise RuntimeError("simulated crash")
 
 
 def test_run_records_metrics_params_tags_and_recipe(mini_recipe, tmp_path):
