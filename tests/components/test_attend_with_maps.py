@@ -7,26 +7,17 @@ import math
 
 import pytest
 import torch
+from attention_setup import build_attention
 
 from ablate.core.contract import AnalysableAttention, causal_mask
-from ablate.core.registry import build
 
 D_MODEL, HEAD_DIM, BATCH, SEQ = 96, 8, 2, 7
 
 
 def make(name: str, *, backend: str = "math", n_kv_heads=None, per_head_norm: bool = True, seed: int = 0):
-    torch.manual_seed(seed)
     spec = {"name": name, "n_kv_heads": n_kv_heads, "per_head_norm": per_head_norm}
-    module = build(
-        "attention",
-        spec,
-        key="model.attention",
-        d_model=D_MODEL,
-        head_dim=HEAD_DIM,
-        layer_idx=2,
-        n_layers=4,
-        position="rope",
-        backend=backend,
+    module = build_attention(
+        spec, D_MODEL, HEAD_DIM, layer_idx=2, n_layers=4, position="rope", backend=backend, seed=seed
     )
     with (
         torch.no_grad()

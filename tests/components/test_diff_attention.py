@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from attention_setup import build_attention, run_fp32
 
 from ablate.core.errors import UserError
 from ablate.core.registry import build
@@ -20,17 +21,8 @@ def make(
 ):
     spec = {"name": "diff", "n_kv_heads": n_kv_heads, "per_head_norm": per_head_norm}
     spec["lambda_init"] = {"name": "constant", "value": 0.5} if lambda_init == "constant" else lambda_init
-    torch.manual_seed(seed)
-    module = build(
-        "attention",
-        spec,
-        key="model.attention",
-        d_model=D_MODEL,
-        head_dim=HEAD_DIM,
-        layer_idx=LAYER,
-        n_layers=8,
-        position=position,
-        backend=backend,
+    module = build_attention(
+        spec, D_MODEL, HEAD_DIM, layer_idx=LAYER, n_layers=8, position=position, backend=backend, seed=seed
     )
     with torch.no_grad():  # make every parameter matter: λ far from λ_init, norm weight not ones
         for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
@@ -45,11 +37,7 @@ def run_both(module, reference, *, h_kv, lam_init, norm, rope):
     torch.manual_seed(1)
     x = torch.randn(BATCH, SEQ, D_MODEL)
     g = torch.randn(BATCH, SEQ, D_MODEL)
-    x32 = x.clone().requires_grad_()
-    out = module(x32)
-    (out * g).sum().backward()
-    params = {n: t.detach().double().requires_grad_() for n, t in module.named_parameters()}
-    x64 = x.double().requires_grad_()
+    out, x32, x64, params = run_fp32(module, x, g)
     ref = reference.diff(
         x64, params, h=D_MODEL // (2 * HEAD_DIM), h_kv=h_kv, lam_init=lam_init, norm=norm, rope=rope
     )

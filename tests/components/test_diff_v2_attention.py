@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
+from attention_setup import build_attention
 from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.core.contract import counted_flops
 from ablate.core.errors import UserError
-from ablate.core.registry import build
 from ablate.model.interop import load_reference_diff_v2_attention
 from components.attention.diff_v2 import DiffV2Attention
 
@@ -20,17 +20,9 @@ BACKENDS = ["math", "sdpa", "sdpa_padded", "blockwise", "blocks", "combined", "f
 
 
 def make(*, backend="math", n_kv_heads=None, heads_mult=1.0, position="rope", seed=0) -> DiffV2Attention:
-    torch.manual_seed(seed)
-    module = build(
-        "attention",
-        {"name": "diff_v2", "n_kv_heads": n_kv_heads, "heads_mult": heads_mult},
-        key="model.attention",
-        d_model=D_MODEL,
-        head_dim=HEAD_DIM,
-        layer_idx=2,
-        n_layers=4,
-        position=position,
-        backend=backend,
+    spec = {"name": "diff_v2", "n_kv_heads": n_kv_heads, "heads_mult": heads_mult}
+    module = build_attention(
+        spec, D_MODEL, HEAD_DIM, layer_idx=2, n_layers=4, position=position, backend=backend, seed=seed
     )
     with torch.no_grad():  # sizeable weights, so σ spreads over (0, 1) and every map matters
         for p in module.parameters():

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from attention_setup import run_fp32
 
 from ablate.core.registry import build
 from components.attention import backends, blockwise
@@ -108,10 +109,7 @@ def test_modules_in_blocks_match_equations(reference, monkeypatch, kind, n_kv_he
             if hasattr(module, name):
                 getattr(module, name).normal_(0.0, 0.3)
     x, g = torch.randn(2, seq, d_model), torch.randn(2, seq, d_model)
-    x32 = x.clone().requires_grad_()
-    (module(x32) * g).sum().backward()
-    params = {n: t.detach().double().requires_grad_() for n, t in module.named_parameters()}
-    x64 = x.double().requires_grad_()
+    _, x32, x64, params = run_fp32(module, x, g)
     if kind == "diff":
         h = d_model // (2 * head_dim)
         ref = reference.diff(

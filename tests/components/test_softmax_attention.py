@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attention_setup import build_attention, run_fp32
 
 from ablate.core.errors import UserError
 from ablate.core.registry import build
@@ -19,17 +20,8 @@ def make(*, backend="math", n_kv_heads=None, per_head_norm=False, head_dim_mult=
         "per_head_norm": per_head_norm,
         "head_dim_mult": head_dim_mult,
     }
-    torch.manual_seed(seed)
-    module = build(
-        "attention",
-        spec,
-        key="model.attention",
-        d_model=D_MODEL,
-        head_dim=HEAD_DIM,
-        layer_idx=1,
-        n_layers=4,
-        position=position,
-        backend=backend,
+    module = build_attention(
+        spec, D_MODEL, HEAD_DIM, layer_idx=1, n_layers=4, position=position, backend=backend, seed=seed
     )
     if module.subln is not None:
         with torch.no_grad():
@@ -59,11 +51,7 @@ def test_matches_reference(
     assert (module.n_heads, module.head_width) == (heads, width)
     torch.manual_seed(1)
     x, g = torch.randn(BATCH, SEQ, D_MODEL), torch.randn(BATCH, SEQ, D_MODEL)
-    x32 = x.clone().requires_grad_()
-    out = module(x32)
-    (out * g).sum().backward()
-    params = {n: t.detach().double().requires_grad_() for n, t in module.named_parameters()}
-    x64 = x.double().requires_grad_()
+    out, x32, x64, params = run_fp32(module, x, g)
     ref = reference.softmax(
         x64,
         params,
