@@ -37,7 +37,6 @@ Optuna are not installed yet; each part imports the library in its own child pro
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib
 import importlib.util
 import json
@@ -297,14 +296,10 @@ def run_part(part: str, argv: list[str], limit_s: float, out: Path) -> dict:
 
 def record(out: Path, row: dict) -> None:
     """Append one row to parts.csv (kept across runs into the same folder)."""
-    path = out / "parts.csv"
-    columns = ["part", "status", "seconds", "limit_s", "note"]
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
+    sys.path.insert(0, str(HERE))
+    from csv_rows import append_rows  # stdlib at import
+
+    append_rows(out / "parts.csv", [row], ["part", "status", "seconds", "limit_s", "note"])
 
 
 def keep_stores(out: Path, workspace: Path) -> None:

@@ -16,6 +16,7 @@ import csv
 import time
 from pathlib import Path
 
+from csv_rows import append_rows  # benchmarks/device/csv_rows.py
 from runs import cli  # benchmarks/device/runs.py
 
 BACKENDS = ("auto", "sdpa_cudnn", "triton")
@@ -69,15 +70,6 @@ def path_rows(name: str, backend: str, compiled: bool, bench_csv: Path, status: 
     return rows
 
 
-def append(path: Path, rows: list[dict]) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
-
-
 def fastest_transformer(out: Path) -> float | None:
     """The Transformer's fastest training tokens/s in w_paths.csv and x_paths.csv so far."""
     rates = [float(r["train_tok_s"]) for name in ("w_paths.csv", "x_paths.csv")
@@ -103,7 +95,7 @@ def run_paths(ctx, compiled: bool) -> None:
         status = "ok" if code == 0 else f"failed (exit {code})"
         rows = path_rows(name, backend, compiled, folder / "bench.csv", status, time.monotonic() - started,
                          fastest_transformer(ctx.out), "" if code == 0 else last_line(log))  # fmt: skip
-        append(ctx.out / f"{part}_paths.csv", rows)
+        append_rows(ctx.out / f"{part}_paths.csv", rows, COLUMNS)
 
 
 def eager(ctx) -> None:

@@ -15,10 +15,8 @@ times is the step profiled.
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
 import torch
+from csv_rows import append_rows  # benchmarks/device/csv_rows.py
 from runs import VARIANTS  # benchmarks/device/runs.py
 
 TOP = 25  # kernels kept per arm
@@ -60,15 +58,6 @@ def kernel_rows(variant: str, events, step_ms: float, on_cuda: bool) -> tuple[li
     return rows, total, sum(count for _, count, _ in timed)
 
 
-def append(path: Path, rows: list[dict], columns: list[str]) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
-
-
 def main(ctx) -> None:
     import ablate.train.bench as lib
     from ablate.hardware.device import device_ops
@@ -100,8 +89,8 @@ def main(ctx) -> None:
             step_s, _ = lib.train_step(arm)
         step_ms = step_s * 1e3
         rows, total, count = kernel_rows(variant, prof.key_averages(), step_ms, on_cuda)
-        append(ctx.out / "p_profile.csv", rows, KERNEL_COLUMNS)
-        append(ctx.out / "p_steps.csv", [{
+        append_rows(ctx.out / "p_profile.csv", rows, KERNEL_COLUMNS)
+        append_rows(ctx.out / "p_steps.csv", [{
             "variant": variant, "backend": config.attention_backend, "precision": precision, "seq_len": seq_len,
             "tokens": arm.n_tokens, "step_ms": f"{step_ms:.3f}", "kernels_ms": f"{total:.3f}", "kernels": count,
         }], STEP_COLUMNS)  # fmt: skip
