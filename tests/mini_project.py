@@ -104,3 +104,21 @@ def run_cli(
             f"ablate {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
         )
     return proc
+
+
+def run_cli_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`ablate ARGS` run in `cwd` in this interpreter (`ablate.cli.main`): a verb's whole path without a
+    fresh interpreter's seconds of imports; what run_cli returns, stdout and stderr captured."""
+    import contextlib
+    import io
+
+    from ablate.cli import main
+
+    out, err, before = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess(["ablate", *args], code, out.getvalue(), err.getvalue())

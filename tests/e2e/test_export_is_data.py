@@ -8,58 +8,11 @@ with nothing written or lost in its folder.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
-from mini_project import run_cli
-
-FIXTURE = Path(__file__).resolve().parent / "exported-mini"
-META_KEY = b"ablate.study"
-
-
-def _copy(tmp_path: Path) -> Path:
-    shutil.copy(FIXTURE / "mini.yaml", tmp_path)
-    shutil.copytree(FIXTURE / "reports", tmp_path / "reports")
-    return tmp_path / "reports" / "mini"
-
-
-def _everything(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def _edit_meta(folder: Path, edit) -> None:
-    table = pq.read_table(folder / "runs.parquet")
-    meta = json.loads(table.schema.metadata[META_KEY])
-    edit(meta)
-    schema = table.schema.with_metadata({**table.schema.metadata, META_KEY: json.dumps(meta).encode()})
-    pq.write_table(table.cast(schema), folder / "runs.parquet")
-
-
-def _cli(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
-    """`ablate ARGV` run in `tmp_path`, in this interpreter."""
-    from ablate.cli import main
-
-    out, err, cwd = io.StringIO(), io.StringIO(), os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(list(argv))
-    finally:
-        os.chdir(cwd)
-    return subprocess.CompletedProcess(["ablate", *argv], code, out.getvalue(), err.getvalue())
-
-
-def _one_line(proc: subprocess.CompletedProcess, *fragments: str) -> None:
-    err = proc.stderr.strip()
-    assert proc.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, proc.stderr
-    assert all(f in err for f in fragments), err
+from exported_mini import FIXTURE, copy_export, edit_meta, files_under, one_line
+from mini_project import run_cli, run_cli_here
 
 
 def _recipe_beside_the_export(tmp_path: Path, folder: Path, marker: Path) -> None:
@@ -68,35 +21,41 @@ def _recipe_beside_the_export(tmp_path: Path, folder: Path, marker: Path) -> Non
     (folder / "evil.yaml").write_text("imports: [payload]\n" + recipe)
     (folder / "payload.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
     (tmp_path / "payload.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")  # on sys.path under -m
-    _edit_meta(folder, lambda m: m["report"].update(recipe="reports/mini/evil.yaml"))
+    edit_meta(folder, lambda m: m["report"].update(recipe="reports/mini/evil.yaml"))
 
 
 def test_report_from_imports_nothing_the_named_recipe_lists(tmp_path):
-    folder = _copy(tmp_path)
+    folder = copy_export(tmp_path)
     marker = tmp_path / "payload-ran"
     _recipe_beside_the_export(tmp_path, folder, marker)
-    before = _everything(tmp_path)
-    _one_line(_cli(tmp_path, "report", "--from", "reports/mini/"), "--from:", "evil.yaml", "imports")
-    assert not marker.exists() and _everything(tmp_path) == before
+    before = files_under(tmp_path)
+    one_line(
+        run_cli_here("report", "--from", "reports/mini/", cwd=tmp_path), "--from:", "evil.yaml", "imports"
+    )
+    assert not marker.exists() and files_under(tmp_path) == before
 
 
 def test_report_from_under_python_m_from_the_folders_parent_runs_no_module_beside_it(tmp_path):
-    folder = _copy(tmp_path)
+    folder = copy_export(tmp_path)
     marker = tmp_path / "payload-ran"
     _recipe_beside_the_export(tmp_path, folder, marker)
-    before = _everything(tmp_path)
-    _one_line(run_cli("report", "--from", "reports/mini/", cwd=tmp_path), "--from:", "imports")
-    assert not marker.exists() and _everything(tmp_path) == before
+    before = files_under(tmp_path)
+    one_line(run_cli("report", "--from", "reports/mini/", cwd=tmp_path), "--from:", "imports")
+    assert not marker.exists() and files_under(tmp_path) == before
 
 
 def test_a_recipe_naming_a_class_path_is_refused_from_an_export(tmp_path):
-    folder = _copy(tmp_path)
+    folder = copy_export(tmp_path)
     recipe = (FIXTURE / "mini.yaml").read_text().replace("name: softmax", "class_path: payload.Attention")
     assert "class_path" in recipe
     (tmp_path / "mini.yaml").write_text(recipe)
-    before = _everything(tmp_path)
-    _one_line(_cli(tmp_path, "report", "--from", "reports/mini/"), "mini.yaml", "model.attention.class_path")
-    assert _everything(tmp_path) == before and folder.is_dir()
+    before = files_under(tmp_path)
+    one_line(
+        run_cli_here("report", "--from", "reports/mini/", cwd=tmp_path),
+        "mini.yaml",
+        "model.attention.class_path",
+    )
+    assert files_under(tmp_path) == before and folder.is_dir()
 
 
 def _trial(meta: dict, **fields) -> None:
@@ -120,11 +79,11 @@ CRAFTED = {
 
 @pytest.mark.parametrize("edit, fragment", CRAFTED.values(), ids=CRAFTED.keys())
 def test_a_crafted_study_in_an_export_is_one_line(tmp_path, edit, fragment):
-    folder = _copy(tmp_path)
-    _edit_meta(folder, edit)
-    before = _everything(tmp_path)
-    _one_line(_cli(tmp_path, "report", "--from", "reports/mini/"), "--from:", fragment)
-    assert _everything(tmp_path) == before
+    folder = copy_export(tmp_path)
+    edit_meta(folder, edit)
+    before = files_under(tmp_path)
+    one_line(run_cli_here("report", "--from", "reports/mini/", cwd=tmp_path), "--from:", fragment)
+    assert files_under(tmp_path) == before
 
 
 FIT = {"form": "grid", "bootstrap": 1000, "seed": 0, "params_count": "non_embedding"}
@@ -139,8 +98,8 @@ CRAFTED_FIT = {
 
 @pytest.mark.parametrize("fit, fragment", CRAFTED_FIT.values(), ids=CRAFTED_FIT.keys())
 def test_a_crafted_fit_setting_is_one_line_before_any_resample(tmp_path, fit, fragment):
-    folder = _copy(tmp_path)
-    _edit_meta(folder, lambda m: m["report"].update(fit=fit))
-    before = _everything(tmp_path)
-    _one_line(_cli(tmp_path, "fit", "--from", "reports/mini/"), "--from:", fragment)
-    assert _everything(tmp_path) == before
+    folder = copy_export(tmp_path)
+    edit_meta(folder, lambda m: m["report"].update(fit=fit))
+    before = files_under(tmp_path)
+    one_line(run_cli_here("fit", "--from", "reports/mini/", cwd=tmp_path), "--from:", fragment)
+    assert files_under(tmp_path) == before

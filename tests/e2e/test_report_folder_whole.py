@@ -8,9 +8,6 @@ store.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import os
 import random
 import shlex
@@ -20,57 +17,15 @@ import subprocess
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
-from mini_project import cli_command, run_cli
-
-FIXTURE = Path(__file__).resolve().parent / "exported-mini"
-META_KEY = b"ablate.study"
+from exported_mini import FIXTURE, copy_export, edit_meta, files_under, one_line
+from mini_project import cli_command, run_cli, run_cli_here
 
 
-def _copy(tmp_path: Path) -> Path:
-    """The fixture's recipe and report folder under tmp_path; returns the report folder."""
-    shutil.copy(FIXTURE / "mini.yaml", tmp_path)
-    shutil.copytree(FIXTURE / "reports", tmp_path / "reports")
-    return tmp_path / "reports" / "mini"
-
-
-def _tree(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def _everything(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def _edit_meta(folder: Path, edit) -> None:
-    """Rewrite runs.parquet with its study metadata changed by `edit(meta)` (as a crafted export would)."""
-    table = pq.read_table(folder / "runs.parquet")
-    meta = json.loads(table.schema.metadata[META_KEY])
-    edit(meta)
-    schema = table.schema.with_metadata({**table.schema.metadata, META_KEY: json.dumps(meta).encode()})
-    pq.write_table(table.cast(schema), folder / "runs.parquet")
-
-
-def _one_line(proc: subprocess.CompletedProcess, *fragments: str) -> None:
-    err = proc.stderr.strip()
-    assert proc.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, proc.stderr
-    assert all(f in err for f in fragments), err
-
-
-def _report(tmp_path: Path) -> subprocess.CompletedProcess:
-    """`ablate report --from reports/mini/` run in `tmp_path`, in this interpreter (the verb's whole path,
-    without a fresh interpreter's seconds of imports: the killed-report test below runs it in fresh ones)."""
-    from ablate.cli import main
-
-    out, err, cwd = io.StringIO(), io.StringIO(), os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(["report", "--from", "reports/mini/"])
-    finally:
-        os.chdir(cwd)
-    return subprocess.CompletedProcess(["ablate", "report"], code, out.getvalue(), err.getvalue())
+def _report_here(tmp_path: Path) -> subprocess.CompletedProcess:
+    """`ablate report --from reports/mini/` run in `tmp_path`, in this interpreter (the verb's whole path:
+    the killed-report test below runs it in fresh ones)."""
+    return run_cli_here("report", "--from", "reports/mini/", cwd=tmp_path)
 
 
 def _report_in_a_fresh_interpreter(tmp_path: Path) -> subprocess.CompletedProcess:
@@ -105,26 +60,26 @@ def _report_in_a_fresh_interpreter(tmp_path: Path) -> subprocess.CompletedProces
     ],
 )
 def test_report_from_an_export_that_would_run_code_is_one_line(tmp_path, edit, fragment):
-    folder = _copy(tmp_path)
-    _edit_meta(folder, edit)
-    before = _everything(tmp_path)
-    proc = _report(tmp_path)
-    _one_line(proc, "--from:", "runs.parquet", fragment)
-    assert _everything(tmp_path) == before  # nothing written, nothing lost
+    folder = copy_export(tmp_path)
+    edit_meta(folder, edit)
+    before = files_under(tmp_path)
+    proc = _report_here(tmp_path)
+    one_line(proc, "--from:", "runs.parquet", fragment)
+    assert files_under(tmp_path) == before  # nothing written, nothing lost
 
 
 def test_report_from_a_truncated_export_is_one_line(tmp_path):
-    folder = _copy(tmp_path)
+    folder = copy_export(tmp_path)
     runs = folder / "runs.parquet"
     runs.write_bytes(runs.read_bytes()[: runs.stat().st_size // 2])
-    before = _everything(tmp_path)
-    _one_line(_report(tmp_path), "runs.parquet", "cannot be read", "git checkout")
-    assert _everything(tmp_path) == before
+    before = files_under(tmp_path)
+    one_line(_report_here(tmp_path), "runs.parquet", "cannot be read", "git checkout")
+    assert files_under(tmp_path) == before
 
 
 # --- secrets and quoting of the stored command ----------------------------------------------------------
 def test_the_stored_command_names_no_password_and_keeps_its_quoting(tmp_path):
-    folder = _copy(tmp_path)
+    folder = copy_export(tmp_path)
     typed = [
         "sweep",
         "mini.yaml",
@@ -135,8 +90,8 @@ def test_the_stored_command_names_no_password_and_keeps_its_quoting(tmp_path):
         "--tracking-uri",
         "http://bob:hunter2@mlflow.example:5000",
     ]
-    _edit_meta(folder, lambda m: m["user_attrs"].update(command=shlex.join(["ablate", *typed])))
-    proc = _report(tmp_path)
+    edit_meta(folder, lambda m: m["user_attrs"].update(command=shlex.join(["ablate", *typed])))
+    proc = _report_here(tmp_path)
     assert proc.returncode == 0, proc.stderr
     readme = (folder / "README.md").read_text()
     assert "s3cret" not in readme and "hunter2" not in readme
@@ -148,33 +103,33 @@ def test_the_stored_command_names_no_password_and_keeps_its_quoting(tmp_path):
 
 
 def test_a_command_stored_unquoted_by_an_older_version_still_reports(tmp_path):
-    folder = _copy(tmp_path)
-    _edit_meta(
+    folder = copy_export(tmp_path)
+    edit_meta(
         folder, lambda m: m["user_attrs"].update(command="ablate sweep mini.yaml --reports rep o'brien")
     )
-    proc = _report(tmp_path)
+    proc = _report_here(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "No closing quotation" not in proc.stderr
 
 
 # --- links and hand-written text ------------------------------------------------------------------------
 def test_a_link_inside_the_report_folder_is_refused_and_nothing_is_written_through_it(tmp_path):
-    folder = _copy(tmp_path)
+    folder = copy_export(tmp_path)
     outside = tmp_path / "outside.md"
     outside.write_text("not the report's\n")
     (folder / "table.md").unlink()
     (folder / "table.md").symlink_to(outside)
-    before = _everything(tmp_path)
-    _one_line(_report(tmp_path), "table.md", "is a link")
-    assert outside.read_text() == "not the report's\n" and _everything(tmp_path) == before
+    before = files_under(tmp_path)
+    one_line(_report_here(tmp_path), "table.md", "is a link")
+    assert outside.read_text() == "not the report's\n" and files_under(tmp_path) == before
 
 
 def test_hand_written_text_under_any_heading_level_is_kept(tmp_path):
-    folder = _copy(tmp_path)
+    folder = copy_export(tmp_path)
     readme = folder / "README.md"
     notes = "## My reading\n\nDiff wins here by 0.04 nats, one seed.\n\n### Caveat\n\nOne seed.\n"
     readme.write_text(readme.read_text() + "\n" + notes)
-    proc = _report(tmp_path)
+    proc = _report_here(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert readme.read_text().endswith("\n" + notes) and readme.read_text().count("## My reading") == 1
     committed = (FIXTURE / "reports" / "mini" / "README.md").read_text()
@@ -189,18 +144,18 @@ def test_a_report_killed_while_it_writes_leaves_the_old_folder_or_the_new_one(tm
     48% and 53% of two runs on a busy 2-core AMD EPYC, before which nothing is written); the
     folder is then byte for byte the old one or the new one. The old folder differs from the new one in a file the
     report rewrites (table.md) and keeps a person's notes, so a half-written folder shows."""
-    folder = _copy(tmp_path)
+    folder = copy_export(tmp_path)
     (folder / "table.md").write_text("an older table\n")
     readme = folder / "README.md"
     readme.write_text(readme.read_text() + "\n## Notes\n\nWritten by hand.\n")
     pristine = tmp_path / "pristine"
     shutil.copytree(tmp_path / "reports", pristine / "reports")
-    old = _tree(folder)
+    old = files_under(folder)
     started = time.monotonic()
     proc = _report_in_a_fresh_interpreter(tmp_path)
     full = time.monotonic() - started  # how long a run takes here: the kills are spread over it
     assert proc.returncode == 0, proc.stderr
-    new = _tree(folder)
+    new = files_under(folder)
     assert new != old and new["README.md"].endswith(b"## Notes\n\nWritten by hand.\n")
     rng = random.Random(0)
     outcomes = []
@@ -218,14 +173,14 @@ def test_a_report_killed_while_it_writes_leaves_the_old_folder_or_the_new_one(tm
         time.sleep(rng.uniform(0.5, 1.05) * full)
         child.send_signal(signal.SIGKILL)
         child.wait()
-        now = _tree(folder)
+        now = files_under(folder)
         assert now in (old, new), sorted(k for k in set(now) | set(old) if now.get(k) != old.get(k))
         outcomes.append("new" if now == new else "old")
         leftovers = [p.name for p in (tmp_path / "reports").iterdir() if p.name != "mini"]
         assert all(name.startswith(".mini.writing-") for name in leftovers), leftovers
     # a run after the kills clears what a killed one left beside the folder, and writes the new one
     assert _report_in_a_fresh_interpreter(tmp_path).returncode == 0
-    assert _tree(folder) == new and [p.name for p in (tmp_path / "reports").iterdir()] == ["mini"]
+    assert files_under(folder) == new and [p.name for p in (tmp_path / "reports").iterdir()] == ["mini"]
     print(f"kills: {outcomes.count('old')} left the old folder, {outcomes.count('new')} the new one")
 
 
