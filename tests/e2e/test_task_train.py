@@ -65,6 +65,19 @@ TRAIN = {
     "log_every": 10,
     "precision": "32-true",
 }
+NEEDLE_MODEL = {**MODEL, "vocab_size": 128}  # the multi-needle task's tokens
+
+
+def _needle_train(*, steps: int) -> dict:
+    """TRAIN at the multi-needle task's 96-token windows, 4 a micro-batch, validated once at the end."""
+    return {
+        **TRAIN,
+        "seq_len": 96,
+        "batch_tokens": 384,
+        "micro_batch_size": 4,
+        "steps": steps,
+        "val_every": steps,
+    }
 
 
 @register("attention", "test_e2e_uniform")
@@ -93,6 +106,31 @@ def _write(tmp_path: Path, recipe: dict) -> Path:
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
+
+
+def _needles_recipe(tmp_path: Path, *, steps: int, depths: list[int], **top) -> Path:
+    """`needles`: the Transformer against the uniform test attention on multi_needle at levels N1R1 and
+    N2R2, the `depths` given, `steps` steps; `top`: more top-level keys (seeds)."""
+    task = {
+        "name": "multi_needle",
+        "levels": [[1, 1], [2, 2]],
+        "depths": depths,
+        "lengths": [64, 97],
+        "n_filler_tokens": 32,
+        "n_key_tokens": 16,
+    }
+    return _write(
+        tmp_path,
+        {
+            "name": "needles",
+            **top,
+            "base": {"model": NEEDLE_MODEL, "train": _needle_train(steps=steps), "data": {"task": task}},
+            "variants": {
+                "transformer": {"label": "Transformer"},
+                "uniform": {"label": "Uniform", "model": {"attention": {"name": "test_e2e_uniform"}}},
+            },
+        },
+    )
 
 
 def _client(workspace: Path):
@@ -139,37 +177,7 @@ def test_plugin_task_trains_from_a_recipe(tmp_path, monkeypatch):
 
 
 def test_every_variant_sees_the_same_samples_and_attention_is_logged(tmp_path):
-    recipe = _write(
-        tmp_path,
-        {
-            "name": "needles",
-            "base": {
-                "model": {**MODEL, "vocab_size": 128},
-                "train": {
-                    **TRAIN,
-                    "seq_len": 96,
-                    "batch_tokens": 384,
-                    "micro_batch_size": 4,
-                    "steps": 3,
-                    "val_every": 3,
-                },
-                "data": {
-                    "task": {
-                        "name": "multi_needle",
-                        "levels": [[1, 1], [2, 2]],
-                        "depths": [0, 100],
-                        "lengths": [64, 97],
-                        "n_filler_tokens": 32,
-                        "n_key_tokens": 16,
-                    }
-                },
-            },
-            "variants": {
-                "transformer": {"label": "Transformer"},
-                "uniform": {"label": "Uniform", "model": {"attention": {"name": "test_e2e_uniform"}}},
-            },
-        },
-    )
+    recipe = _needles_recipe(tmp_path, steps=3, depths=[0, 100])
     seen = {}
     for run in load_recipe(recipe).resolve(seeds=[0]) + load_recipe(recipe).resolve(
         seeds=[1], variants=["uniform"]
@@ -187,38 +195,7 @@ def test_every_variant_sees_the_same_samples_and_attention_is_logged(tmp_path):
 
 @pytest.mark.slow
 def test_task_sweep_writes_the_task_report(tmp_path, capsys):
-    recipe = _write(
-        tmp_path,
-        {
-            "name": "needles",
-            "seeds": [0, 1],
-            "base": {
-                "model": {**MODEL, "vocab_size": 128},
-                "train": {
-                    **TRAIN,
-                    "seq_len": 96,
-                    "batch_tokens": 384,
-                    "micro_batch_size": 4,
-                    "steps": 4,
-                    "val_every": 4,
-                },
-                "data": {
-                    "task": {
-                        "name": "multi_needle",
-                        "levels": [[1, 1], [2, 2]],
-                        "depths": [0, 50, 100],
-                        "lengths": [64, 97],
-                        "n_filler_tokens": 32,
-                        "n_key_tokens": 16,
-                    }
-                },
-            },
-            "variants": {
-                "transformer": {"label": "Transformer"},
-                "uniform": {"label": "Uniform", "model": {"attention": {"name": "test_e2e_uniform"}}},
-            },
-        },
-    )
+    recipe = _needles_recipe(tmp_path, steps=4, depths=[0, 50, 100], seeds=[0, 1])
     assert (
         main(
             [
@@ -271,15 +248,8 @@ def test_training_loss_is_on_the_answers_or_on_every_real_token(tmp_path, task_l
         {
             "name": "loss",
             "base": {
-                "model": {**MODEL, "vocab_size": 128},
-                "train": {
-                    **TRAIN,
-                    "seq_len": 96,
-                    "batch_tokens": 384,
-                    "micro_batch_size": 4,
-                    "steps": 1,
-                    "val_every": 1,
-                },
+                "model": NEEDLE_MODEL,
+                "train": _needle_train(steps=1),
                 "data": {
                     "task": {
                         "name": "multi_needle",
