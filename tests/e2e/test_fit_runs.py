@@ -67,6 +67,11 @@ def _transformer_non_embedding(d: int, layers: int) -> int:
     return layers * (4 * d * d + 3 * d * hidden + 2 * d) + d
 
 
+def _fit(recipe: Path, workspace: Path, out: Path, *args: str) -> int:
+    """`ablate fit RECIPE --workspace WORKSPACE --out OUT ARGS...`: its exit code."""
+    return main(["fit", str(recipe), "--workspace", str(workspace), "--out", str(out), *args])
+
+
 def test_fit_size_grid_writes_fit_files_tags_runs_and_logs_to_the_parent(grid, tmp_path, monkeypatch, capsys):
     recipe, workspace = grid
     monkeypatch.chdir(tmp_path)  # the default output folder is ./reports/<recipe>
@@ -124,22 +129,7 @@ def test_fit_size_grid_writes_fit_files_tags_runs_and_logs_to_the_parent(grid, t
     )
 
     # --params-count total: every N grows by the embedding and LM head (vocab 260 x d_model each).
-    assert (
-        main(
-            [
-                "fit",
-                str(recipe),
-                "--workspace",
-                str(workspace),
-                "--params-count",
-                "total",
-                "--out",
-                str(tmp_path / "total"),
-                *BOOT,
-            ]
-        )
-        == 0
-    )
+    assert _fit(recipe, workspace, tmp_path / "total", "--params-count", "total", *BOOT) == 0
     total = json.loads((tmp_path / "total" / "fit.json").read_text())
     for r_ne, r_tot in zip(doc["runs"], total["runs"]):
         d = SIZES[r_ne["size"]]["model"]["d_model"]
@@ -148,10 +138,7 @@ def test_fit_size_grid_writes_fit_files_tags_runs_and_logs_to_the_parent(grid, t
 
 def test_fit_csv_of_the_same_points_gives_the_same_fit(grid, tmp_path):
     recipe, workspace = grid
-    assert (
-        main(["fit", str(recipe), "--workspace", str(workspace), "--out", str(tmp_path / "recipe"), *BOOT])
-        == 0
-    )
+    assert _fit(recipe, workspace, tmp_path / "recipe", *BOOT) == 0
     doc = json.loads((tmp_path / "recipe" / "fit.json").read_text())
     rows = "".join(
         f"{r['arch']},{r['params']!r},{r['tokens']!r},{r['loss']!r},{r['run_id']}\n" for r in doc["runs"]
@@ -171,22 +158,7 @@ def test_fit_csv_of_the_same_points_gives_the_same_fit(grid, tmp_path):
 
 def test_fit_joint_form_uses_validations_and_says_checkpoints_are_not_runs(grid, tmp_path):
     recipe, workspace = grid
-    assert (
-        main(
-            [
-                "fit",
-                str(recipe),
-                "--workspace",
-                str(workspace),
-                "--form",
-                "joint",
-                "--out",
-                str(tmp_path / "joint"),
-                *BOOT,
-            ]
-        )
-        == 0
-    )
+    assert _fit(recipe, workspace, tmp_path / "joint", "--form", "joint", *BOOT) == 0
     out = tmp_path / "joint"
     doc = json.loads((out / "fit.json").read_text())
     assert doc["form"] == "joint"
@@ -221,18 +193,7 @@ def test_fit_tokens_form_on_a_size_grid_is_an_error(grid, tmp_path, capsys):
     recipe, workspace = grid
     err = _one_line_error(
         capsys,
-        main(
-            [
-                "fit",
-                str(recipe),
-                "--workspace",
-                str(workspace),
-                "--form",
-                "tokens",
-                "--out",
-                str(tmp_path / "x"),
-            ]
-        ),
+        _fit(recipe, workspace, tmp_path / "x", "--form", "tokens"),
     )
     assert "--form tokens" in err and "4 sizes" in err
     assert not (tmp_path / "x").exists()
@@ -240,9 +201,7 @@ def test_fit_tokens_form_on_a_size_grid_is_an_error(grid, tmp_path, capsys):
 
 def test_fit_ratio_of_a_single_finished_architecture_is_an_error(lopsided, tmp_path, capsys):
     recipe, workspace = lopsided
-    err = _one_line_error(
-        capsys, main(["fit", str(recipe), "--workspace", str(workspace), "--out", str(tmp_path / "x")])
-    )
+    err = _one_line_error(capsys, _fit(recipe, workspace, tmp_path / "x"))
     assert "equal-loss ratio needs two architectures" in err and "'transformer'" in err and "diff" in err
     assert "ablate sweep" in err
 
@@ -255,9 +214,7 @@ def test_fit_fewer_points_than_parameters_is_an_error(lopsided, tmp_path, capsys
     del raw["variants"]["diff"]
     alone = tmp_path / "alone.yaml"
     alone.write_text(yaml.safe_dump(raw))
-    err = _one_line_error(
-        capsys, main(["fit", str(alone), "--workspace", str(workspace), "--out", str(tmp_path / "x")])
-    )
+    err = _one_line_error(capsys, _fit(alone, workspace, tmp_path / "x"))
     assert "has 2 points" in err and "needs at least 3" in err
 
 
@@ -265,7 +222,7 @@ def test_fit_one_size_fits_tokens_over_validations_without_false_intervals(tmp_p
     # No sizes axis: the default form is L(D) through each run's validations after warmup (Figure 3b).
     recipe, workspace = _swept(tmp_path, **{f"base__train__{k}": v for k, v in TRAIN.items()})
     out = tmp_path / "tokens"
-    assert main(["fit", str(recipe), "--workspace", str(workspace), "--out", str(out), *BOOT]) == 0
+    assert _fit(recipe, workspace, out, *BOOT) == 0
     doc = json.loads((out / "fit.json").read_text())
     assert doc["form"] == "tokens" and doc["n_boot"] == 0  # one run per arch: nothing to resample
     for arch in doc["archs"].values():
