@@ -39,17 +39,18 @@ class _KillAfter(L.Callback):
             raise Killed(f"killed after step {trainer.global_step}")
 
 
-def _killed_at_step_5(recipe: Path, stores: Stores) -> None:
-    with pytest.raises(Killed):
-        train_run(_run(recipe), stores, progress=False, callbacks=[_KillAfter(5)])
-
-
-def test_a_truncated_last_checkpoint_resumes_from_the_best_one_or_from_the_start(tmp_path, capsys):
+def _killed_at_step_5(tmp_path: Path) -> tuple[Path, Stores, Path]:
+    """The mini recipe's run in tmp_path/ws killed after step 5: the recipe, the stores, its checkpoints."""
     recipe = write_recipe(tmp_path)
     workspace = tmp_path / "ws"
     stores = Stores(workspace)
-    _killed_at_step_5(recipe, stores)
-    checkpoints = next(workspace.rglob("checkpoints"))
+    with pytest.raises(Killed):
+        train_run(_run(recipe), stores, progress=False, callbacks=[_KillAfter(5)])
+    return recipe, stores, next(workspace.rglob("checkpoints"))
+
+
+def test_a_truncated_last_checkpoint_resumes_from_the_best_one_or_from_the_start(tmp_path, capsys):
+    recipe, stores, checkpoints = _killed_at_step_5(tmp_path)
     last = checkpoints / "last.ckpt"
     whole = last.read_bytes()
     last.write_bytes(whole[: len(whole) // 3])  # a kill or a full disk while it was written
@@ -62,11 +63,7 @@ def test_a_truncated_last_checkpoint_resumes_from_the_best_one_or_from_the_start
 
 
 def test_both_checkpoints_unreadable_resume_from_step_0(tmp_path, capsys):
-    recipe = write_recipe(tmp_path)
-    workspace = tmp_path / "ws"
-    stores = Stores(workspace)
-    _killed_at_step_5(recipe, stores)
-    checkpoints = next(workspace.rglob("checkpoints"))
+    recipe, stores, checkpoints = _killed_at_step_5(tmp_path)
     for name in ("last.ckpt", "best.ckpt"):
         (checkpoints / name).write_bytes(b"not a checkpoint")
     capsys.readouterr()
