@@ -367,31 +367,22 @@ def test_a_scales_row_settings_mistakes_are_one_line(tmp_path, variants, fragmen
         load_recipe(write(tmp_path, recipe_dict(scales__mini__variants=variants)), scale="mini")
 
 
+def _tiny_table6_runs(capsys, *overrides: str) -> dict:
+    """`ablate check TABLE6 --scale tiny OVERRIDES... --print-config` (exit 0): its runs by name."""
+    code, out, err = run_cli(capsys, "check", TABLE6, "--scale", "tiny", *overrides, "--print-config")
+    assert code == 0, err
+    return printed_runs(out)
+
+
 def test_base_lr_override_in_exponent_form_applies_to_every_run(capsys):
     """`--base.train.lr 1e-3` (DESIGN.md writes `--base.train.lr 3e-4`) is a number, not the string '1e-3'."""
-    code, out, err = run_cli(
-        capsys, "check", TABLE6, "--scale", "tiny", "--base.train.lr", "1e-3", "--print-config"
-    )
-    assert code == 0, err
-    runs = printed_runs(out)
+    runs = _tiny_table6_runs(capsys, "--base.train.lr", "1e-3")
     assert len(runs) == 7
     assert {run["train"]["lr"] for run in runs.values()} == {1e-3}
 
 
 def test_base_override_through_the_cli_print_config(capsys):
-    code, out, err = run_cli(
-        capsys,
-        "check",
-        TABLE6,
-        "--scale",
-        "tiny",
-        "--base.train.lr",
-        "0.001",
-        "--base.train.steps=7",
-        "--print-config",
-    )
-    assert code == 0, err
-    runs = printed_runs(out)
+    runs = _tiny_table6_runs(capsys, "--base.train.lr", "0.001", "--base.train.steps=7")
     assert set(runs) == {f"{v}-s0" for v in TABLE6_VARIANTS}
     for run in runs.values():
         assert run["scale"] == "tiny"
@@ -401,18 +392,7 @@ def test_base_override_through_the_cli_print_config(capsys):
 
 
 def test_variant_override_applies_only_to_that_variant(capsys):
-    code, out, err = run_cli(
-        capsys,
-        "check",
-        TABLE6,
-        "--scale",
-        "tiny",
-        "--variants.diff.model.attention.per_head_norm",
-        "false",
-        "--print-config",
-    )
-    assert code == 0, err
-    runs = printed_runs(out)
+    runs = _tiny_table6_runs(capsys, "--variants.diff.model.attention.per_head_norm", "false")
     attention = {name.removesuffix("-s0"): run["model"]["attention"] for name, run in runs.items()}
     assert attention["diff"] == {"name": "diff", "per_head_norm": False, "lambda_init": {"name": "exp_depth"}}
     assert attention["diff_lambda_08"]["per_head_norm"] is True
