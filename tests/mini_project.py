@@ -122,3 +122,13 @@ def run_cli_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     finally:
         os.chdir(before)
     return subprocess.CompletedProcess(["ablate", *args], code, out.getvalue(), err.getvalue())
+
+
+def one_line_refusal(capsys, code: int, *fragments: str) -> str:
+    """The verb's exit `code` is 2 and what it wrote to stderr (read from `capsys`) is one line, no
+    traceback, naming every fragment: that line."""
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for fragment in fragments:
+        assert fragment in err, err
+    return err

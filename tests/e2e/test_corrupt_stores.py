@@ -12,19 +12,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from mini_project import write_recipe
+from mini_project import one_line_refusal, write_recipe
 
 from ablate.cli import main
 from ablate.store import sqlite_store
 from ablate.store.stores import Stores
-
-
-def _one_line(capsys, code: int, *fragments: str) -> str:
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    for fragment in fragments:
-        assert fragment in err, err
-    return err
 
 
 def test_garbage_in_the_optuna_journal_is_one_line_naming_it(tmp_path, capsys):
@@ -38,7 +30,7 @@ def test_garbage_in_the_optuna_journal_is_one_line_naming_it(tmp_path, capsys):
     journal.write_bytes(damaged)
     capsys.readouterr()
     code = main(["status", str(recipe), "--workspace", str(workspace)])
-    _one_line(capsys, code, f"--storage: {journal} is not a readable Optuna journal", "move it aside")
+    one_line_refusal(capsys, code, f"--storage: {journal} is not a readable Optuna journal", "move it aside")
     assert journal.read_bytes() == damaged  # left as it was, for the user to move
 
 
@@ -52,7 +44,7 @@ def test_an_mlflow_db_that_is_not_a_database_is_one_line(tmp_path, capsys):
     workspace.mkdir()
     db = workspace / "mlflow.db"
     db.write_bytes(b"these are notes, not a database\n" * 100)
-    _one_line(capsys, _train(recipe, workspace), f"{db} is not an SQLite database", "move it aside")
+    one_line_refusal(capsys, _train(recipe, workspace), f"{db} is not an SQLite database", "move it aside")
     assert db.read_bytes() == b"these are notes, not a database\n" * 100
 
 
@@ -105,7 +97,7 @@ def test_a_newer_mlflow_store_is_one_line_and_left_alone(tmp_path, capsys):
     before = db.read_bytes()
     sqlite_store._CHECKED.clear()
     code = _train(recipe, workspace)
-    _one_line(capsys, code, f"{db} was written by a newer MLflow (schema f0f0f0f0f0f0")
+    one_line_refusal(capsys, code, f"{db} was written by a newer MLflow (schema f0f0f0f0f0f0")
     assert db.read_bytes() == before and sorted(p.name for p in workspace.iterdir()) == ["mlflow.db"]
 
 
@@ -152,7 +144,9 @@ def test_a_folder_as_tracking_uri_is_one_line(tmp_path, capsys, form):
     folder = tmp_path / "mlruns"
     uri = str(folder) if form == "folder" else folder.as_uri()
     code = _train(recipe, tmp_path / "ws", "--tracking-uri", uri)
-    _one_line(capsys, code, "--tracking-uri", "MLflow 3 does not open", f"sqlite:///{folder}/mlflow.db")
+    one_line_refusal(
+        capsys, code, "--tracking-uri", "MLflow 3 does not open", f"sqlite:///{folder}/mlflow.db"
+    )
     assert not (tmp_path / "ws").exists() and not folder.exists()
 
 
@@ -176,5 +170,7 @@ def test_a_disk_full_while_a_checkpoint_is_saved_is_one_line(tmp_path, capsys):
     workspace = tmp_path / "ws"
     with _small_filesystem(workspace / "runs", "128k"):  # less than one checkpoint of the mini model
         code = _train(recipe, workspace)
-        _one_line(capsys, code, "checkpoint: the disk holding", "is full", "resumes from its last whole")
+        one_line_refusal(
+            capsys, code, "checkpoint: the disk holding", "is full", "resumes from its last whole"
+        )
     assert (workspace / "mlflow.db").exists()  # the store beside it is untouched by the full disk

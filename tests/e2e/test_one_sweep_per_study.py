@@ -14,7 +14,7 @@ import time
 
 import optuna
 import pytest
-from mini_project import write_recipe
+from mini_project import one_line_refusal, write_recipe
 from optuna.trial import TrialState
 
 from ablate.cli import main
@@ -25,14 +25,6 @@ from ablate.store.study import SWEEP_LOCK_SUFFIX, open_study
 from ablate.sweep import queue
 from ablate.sweep.lock import SweepLock
 from ablate.verbs.options import Shared, grace_period_checked, sweep_context
-
-
-def _one_line(capsys, code: int, *fragments: str) -> str:
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    for fragment in fragments:
-        assert fragment in err, err
-    return err
 
 
 def _holder(script: str, *args: str) -> subprocess.Popen:
@@ -75,7 +67,9 @@ def test_a_second_sweep_on_a_running_study_is_refused_and_a_dead_holder_does_not
     holder = _holder(SWEEP_HOLDER, str(recipe), str(workspace))
     try:
         code = main([*argv, "--no-train"])
-        _one_line(capsys, code, f"host {socket.gethostname()}, pid {holder.pid}", "`ablate worker ", "mini")
+        one_line_refusal(
+            capsys, code, f"host {socket.gethostname()}, pid {holder.pid}", "`ablate worker ", "mini"
+        )
     finally:
         _kill(holder)
     ctx = sweep_context(str(recipe), Shared(workspace=str(workspace)), None, 60.0, None)
@@ -131,7 +125,7 @@ def test_two_processes_never_train_one_run_folder(tmp_path, capsys):
     holder = _holder(FOLDER_HOLDER, str(folder))
     try:
         code = main(argv)
-        _one_line(capsys, code, str(folder), f"host {socket.gethostname()}, pid {holder.pid}")
+        one_line_refusal(capsys, code, str(folder), f"host {socket.gethostname()}, pid {holder.pid}")
     finally:
         _kill(holder)
     assert sorted(p.name for p in folder.iterdir()) == [".training.lock"]  # nothing trained into it
@@ -143,7 +137,7 @@ def test_grace_period_is_checked(tmp_path, capsys):
     recipe = write_recipe(tmp_path)
     for bad, says in [("-1", "at least 15"), ("5", "at least 15"), ("nan", "float"), ("inf", "")]:
         code = main(["sweep", str(recipe), "--grace-period", bad, "--workspace", str(tmp_path / "ws")])
-        _one_line(capsys, code, "--grace-period", says)
+        one_line_refusal(capsys, code, "--grace-period", says)
     with pytest.raises(UserError, match="^--grace-period: nan is not a number of seconds"):
         grace_period_checked(float("nan"))  # never stale: refused below the parser too
     assert not (tmp_path / "ws").exists()
@@ -213,6 +207,8 @@ def test_final_is_refused_while_trials_of_the_study_wait(tmp_path, capsys):
     assert main([*argv, "--no-train"]) == 0  # enqueued for `ablate worker`s: two trials wait
     journal = (workspace / "optuna.journal").read_bytes()
     capsys.readouterr()
-    _one_line(capsys, main([*argv, "--final"]), "--final: study 'mini' has 2 trials waiting and 0 running")
+    one_line_refusal(
+        capsys, main([*argv, "--final"]), "--final: study 'mini' has 2 trials waiting and 0 running"
+    )
     assert (workspace / "optuna.journal").read_bytes() == journal  # nothing started, nothing changed
     assert not (tmp_path / "rep").exists()
