@@ -3,8 +3,9 @@ report folder from its export alone.
 
 Each committed folder with an export (`runs.parquet`, `metrics.parquet`: ablate.store.export) is copied,
 with the recipes it names, into an empty folder with no workspace and no store, and rewritten there by the
-CLI in a fresh interpreter: every file must come back byte-identical, and nothing else may appear (no
-workspace, no store). So is `exported-mini/` beside this file, a two-run study of the mini recipe kept as
+CLI in a fresh interpreter: every file must come back byte-identical (on other BLAS kernels than the
+folder was made with, a fitted number may move within its last printed digit: `_blas_difference`), and
+nothing else may appear (no workspace, no store). So is `exported-mini/` beside this file, a two-run study of the mini recipe kept as
 a fixture, so the rebuild is tested whichever report folders have an export.
 """
 
