@@ -27,7 +27,7 @@ import json
 import os
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -138,21 +138,35 @@ def _time_matmul(dtype: torch.dtype, n: int = MATMUL_SIZE, repeats: int = MATMUL
 def measured_rates(folder: Path | None = None) -> dict[str, float]:
     """{"float32": GFLOP/s, "bfloat16": GFLOP/s} of this CPU's matmul, measured once per `machine_key`
     and cached in `folder` (default `cache_dir()`), as `precision.json`."""
-    path = (folder or cache_dir()) / "precision.json"
-    key = machine_key()
+    return measured_once(
+        (folder or cache_dir()) / "precision.json",
+        machine_key(),
+        lambda: {"float32": _time_matmul(torch.float32), "bfloat16": _time_matmul(torch.bfloat16)},
+    )
+
+
+def measured_once(
+    path: Path,
+    key: str,
+    measure: Callable[[], dict[str, float]],
+    complete: Callable[[dict], bool] = lambda _: True,
+) -> dict[str, float]:
+    """The measurements cached under `key` in the JSON file `path` where they are there and `complete`,
+    else `measure()`'s, added to what the file holds (written whole through a partial file, so readers
+    never see half of it). An unreadable cache is an empty one."""
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
         cached = {}
-    if isinstance(cached.get(key), dict):
+    if isinstance(cached.get(key), dict) and complete(cached[key]):
         return {k: float(v) for k, v in cached[key].items()}
-    rates = {"float32": _time_matmul(torch.float32), "bfloat16": _time_matmul(torch.bfloat16)}
+    values = measure()
     with contextlib.suppress(OSError):  # an unwritable cache costs a re-measurement, nothing else
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"precision.json.{os.getpid()}.partial")
-        partial.write_text(json.dumps({**cached, key: rates}, indent=1, sort_keys=True))
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps({**cached, key: values}, indent=1, sort_keys=True))
         partial.replace(path)
-    return rates
+    return values
 
 
 def _by_measurement(why: str, rates: Mapping[str, float]) -> tuple[str, str]:

@@ -17,8 +17,6 @@ directory (`cache_dir()`: `step_precision.json`); the reason (a run's `ablate.pr
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import astuple
@@ -35,6 +33,7 @@ from ablate.hardware.precision import (
     choose_precision,
     device_type,
     machine_key,
+    measured_once,
     native_bf16,
 )
 from ablate.model.config import ModelConfig
@@ -75,21 +74,12 @@ def step_timings(
 ) -> dict[str, float]:
     """{precision: seconds of one step} for `CANDIDATES`, measured once per machine and shape and cached
     in `folder` (default `cache_dir()`) as `step_precision.json`."""
-    path = (folder or cache_dir()) / "step_precision.json"
-    key = f"{machine_key()}|{shape_key(model, seq_len, micro_batch)}"
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if isinstance(cached.get(key), dict) and set(cached[key]) == set(CANDIDATES):
-        return {k: float(v) for k, v in cached[key].items()}
-    timings = {p: float(timer(model, seq_len, micro_batch, p)) for p in CANDIDATES}
-    with contextlib.suppress(OSError):  # an unwritable cache costs a re-measurement, nothing else
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"step_precision.json.{os.getpid()}.partial")
-        partial.write_text(json.dumps({**cached, key: timings}, indent=1, sort_keys=True))
-        partial.replace(path)
-    return timings
+    return measured_once(
+        (folder or cache_dir()) / "step_precision.json",
+        f"{machine_key()}|{shape_key(model, seq_len, micro_batch)}",
+        lambda: {p: float(timer(model, seq_len, micro_batch, p)) for p in CANDIDATES},
+        complete=lambda timings: set(timings) == set(CANDIDATES),
+    )
 
 
 def choose_step_precision(
