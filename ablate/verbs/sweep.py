@@ -9,6 +9,7 @@ callback) and the report written when every trial is settled.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -95,11 +96,18 @@ def after_trial(ctx: SweepContext) -> Any:
     `eval.after_trial` says so (the same tags as `ablate eval`, which then skips the run); then the paired
     differences of the rows it settles, on the sweep's parent run (ablate.report.ui_differences)."""
 
+    skipped: list[bool] = []
+
     def probe(run: Any, run_id: str) -> None:
         if ctx.recipe.eval(run.scale).after_trial:
             from ablate.probes.run import probe_after_trial
 
             probe_after_trial(ctx.recipe, run, run_id, ctx.stores)
+        if importlib.util.find_spec("scipy") is None:  # an image that trains only (the device check's)
+            if not skipped:
+                print("[sweep] paired differences not logged (no scipy here): `ablate report` logs them")
+                skipped.append(True)
+            return
         from ablate.report.ui_differences import log_differences
         from ablate.store.study import open_study
 
