@@ -98,6 +98,8 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path, compare_with: list
     )
     shown_runs = len(records) if chosen else 0
     header = _readme_header(ctx, study, all_records, budget_records, shown_runs, bool(paper), files)
+    if carries_ui_series(ctx.stores.client(), all_records):
+        header += ui_series_line(bool(budget_records))
     readme = folder / "README.md"  # written last: its header lists every file the report wrote
     kept = hand_written(readme.read_text(), header) if readme.exists() else ""
     readme.write_text(header + (f"\n{kept}" if kept else ""))
@@ -227,6 +229,29 @@ def _readme_header(
         + files
         + f", `{RUNS_FILE}` and `{METRICS_FILE}` (the runs: config, tags, params, every metric series; "
         + "`ablate report --from` rebuilds this folder from them)\n"
+    )
+
+
+def carries_ui_series(client: Any, records: list[Any]) -> bool:
+    """Were the study's runs trained with the series the UI charts (`tokens/...`)? Then its workers logged
+    the paired differences on the parent run too (ablate.report.ui_differences); a study trained before
+    either existed has neither, and its README does not name them."""
+    from ablate.store.tokens_axis import PREFIX
+
+    run_id = next((r.run_id for r in records if r.run_id and r.state == "finished"), None)
+    return bool(run_id) and any(key.startswith(PREFIX) for key in client.get_run(run_id).data.metrics)
+
+
+def ui_series_line(budgets: bool) -> str:
+    """The README line that names the series of the sweep's parent run (ablate.report.ui_differences) where
+    the UI shows the table's paired differences, as `ablate.store.difference_keys` names them."""
+    from ablate.store.difference_keys import BUDGET, DIFF
+
+    budget = f", and `{BUDGET}/val/loss/<row>/...` at each budget" if budgets else ""
+    return (
+        f"- in the MLflow UI: the sweep's parent run holds each row's paired difference from the reference "
+        f"row against training tokens, `{DIFF}/<metric>/<row>/mean`, `low` and `high` (the 95% interval's "
+        f"ends; `mean` alone with one seed){budget}; the link `ablate ui` prints opens their charts\n"
     )
 
 

@@ -83,3 +83,14 @@ def test_the_last_point_is_the_reports_difference_to_the_printed_digit(finished_
 
     logged = f"{number(last['mean'], sign=True)} [{number(last['low'])}, {number(last['high'])}]"
     assert printed.startswith(logged), (printed, logged)
+
+
+def test_the_reports_readme_names_the_series_the_parent_run_carries(finished_sweep):
+    client, parent, _ = _runs(finished_sweep)
+    readme = (finished_sweep.parent / "reports" / "mini" / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith("- in the MLflow UI:"))
+    named = line.split("`")[1]  # diff/<metric>/<row>/mean
+    for metric in METRICS:
+        key = named.replace("<metric>", metric).replace("<row>", "diff")
+        assert key in parent.data.metrics, (key, sorted(parent.data.metrics))
+    assert "`low` and `high`" in line
