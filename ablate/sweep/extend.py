@@ -8,7 +8,8 @@ report reads each plan's latest trial, so it shows every budget once.
 
 Anything else that changed (lr, schedule, cooldown, data, model) makes a new study, not an extension:
 the study remembers its runs' configs without `train.steps` (`extension_base`) and refuses such a sweep
-in one line naming the first key that differs.
+in one line naming the first key that differs. The stable-phase checkpoints that an extension continues from
+are kept until a sweep says `--final` (`keep_or_prune_stable`), which is refused while any trial waits or runs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ablate.core.errors import UserError
+from ablate.core.tables import si
 from ablate.store import tracking
 from ablate.store.study import SweepContext, is_settled, plan_key
 
@@ -89,3 +91,45 @@ def enqueue_extensions(study: Any, pending: list[dict[str, Any]]) -> int:
             )
             added += 1
     return added
+
+
+def keep_or_prune_stable(ctx: SweepContext, final: bool) -> None:
+    """Print the size of a budgeted study's kept stable-phase checkpoints, or delete them (`final`)."""
+    from ablate.train.branches import prune_stable, stable_size
+
+    if final:
+        refuse_final_while_busy(ctx)  # an extension may have been enqueued while this sweep trained
+    runs = list(ctx.runs.values())
+    files, size = (prune_stable if final else stable_size)(ctx.stores.workspace, runs)
+    if final:
+        print(f"[sweep {ctx.study_name}] final: deleted {files} stable-phase checkpoints ({si(size)}B)")
+    elif files:
+        print(
+            f"[sweep {ctx.study_name}] kept {files} stable-phase checkpoints, one per (row, seed), "
+            f"{si(size)}B in all: larger budgets continue from them; `--final` deletes them",
+            flush=True,
+        )
+
+
+def refuse_final_while_busy(ctx: SweepContext) -> None:
+    """`--final` deletes the stable-phase checkpoints that longer budgets continue from: refused in one line
+    while any trial of the study waits or runs (an extension enqueued from an edited recipe, say), which
+    would otherwise train again from step 0. Reads the study only where one exists (creates nothing)."""
+    from optuna.trial import TrialState
+
+    from ablate.store.study import open_study
+
+    if ctx.stores.storage_url is None and not ctx.stores.workspace.journal.is_file():
+        return
+    try:
+        study, _ = open_study(ctx, create=False)
+    except UserError:  # no such study yet: nothing waits
+        return
+    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    running = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+    if waiting or running:
+        raise UserError(
+            f"--final: study {ctx.study_name!r} has {waiting} trials waiting and {running} running, which may "
+            "continue from the stable-phase checkpoints --final deletes; run it when they have finished "
+            "(`ablate status` shows them)"
+        )

@@ -60,6 +60,7 @@ def sweep(
             options in the recipe's launcher.slurm, e.g. --launcher.slurm.partition gpu); default: the recipe's
         wait: with --launcher slurm, wait for the jobs (printing progress), then report
     """
+    from ablate.sweep.extend import keep_or_prune_stable, refuse_final_while_busy
     from ablate.verbs.check import run_check
 
     opts = Shared(**options)
@@ -228,45 +229,3 @@ def confirm_plan(ctx: SweepContext, pending: list[dict[str, Any]], yes: bool) ->
         answer = input(f"Estimated {format_seconds(plan.seconds)}. Start? [y/N] ").strip().lower()
         if answer not in ("y", "yes"):
             raise UserError("--yes: not confirmed; nothing was started")
-
-
-def keep_or_prune_stable(ctx: SweepContext, final: bool) -> None:
-    """Print the size of a budgeted study's kept stable-phase checkpoints, or delete them (`final`)."""
-    from ablate.train.branches import prune_stable, stable_size
-
-    if final:
-        refuse_final_while_busy(ctx)  # an extension may have been enqueued while this sweep trained
-    runs = list(ctx.runs.values())
-    files, size = (prune_stable if final else stable_size)(ctx.stores.workspace, runs)
-    if final:
-        print(f"[sweep {ctx.study_name}] final: deleted {files} stable-phase checkpoints ({si(size)}B)")
-    elif files:
-        print(
-            f"[sweep {ctx.study_name}] kept {files} stable-phase checkpoints, one per (row, seed), "
-            f"{si(size)}B in all: larger budgets continue from them; `--final` deletes them",
-            flush=True,
-        )
-
-
-def refuse_final_while_busy(ctx: SweepContext) -> None:
-    """`--final` deletes the stable-phase checkpoints that longer budgets continue from: refused in one line
-    while any trial of the study waits or runs (an extension enqueued from an edited recipe, say), which
-    would otherwise train again from step 0. Reads the study only where one exists (creates nothing)."""
-    from optuna.trial import TrialState
-
-    from ablate.store.study import open_study
-
-    if ctx.stores.storage_url is None and not ctx.stores.workspace.journal.is_file():
-        return
-    try:
-        study, _ = open_study(ctx, create=False)
-    except UserError:  # no such study yet: nothing waits
-        return
-    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
-    running = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-    if waiting or running:
-        raise UserError(
-            f"--final: study {ctx.study_name!r} has {waiting} trials waiting and {running} running, which may "
-            "continue from the stable-phase checkpoints --final deletes; run it when they have finished "
-            "(`ablate status` shows them)"
-        )
