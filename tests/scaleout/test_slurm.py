@@ -2,11 +2,14 @@
 seeds as a 2-task job array; one task is sent the warning signal mid-trial and requeues itself, the other
 is cancelled outright later. Every trial finishes exactly once, the warned trial resumes from the
 checkpoint it saved at the signal (its logged steps go on from there, none twice), and the report's
-numbers equal a local run's. Every wait is for an event; pytest's timeout is the hang guard."""
+numbers equal a local run's. Every wait is for an event; pytest's timeout is the hang guard. The trials wait
+at a gate mid-run (slurm_gate.py, imported by the recipe) until their task is warned or the gate opens, so a
+fast machine cannot finish a trial before its task is signalled or cancelled."""
 
 from __future__ import annotations
 
 import csv
+import os
 import re
 import subprocess
 import time
@@ -44,13 +47,21 @@ def _wait_for(what: str, found, array: str | None = None, logs: Path | None = No
         time.sleep(poll_s)
 
 
-def _running(study, client, exclude: str | None = None):
-    """(trial, its Slurm task) of a trial that has logged a training step, in a task other than `exclude`."""
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        job, run_id = trial.user_attrs.get("slurm_job"), trial.user_attrs.get("mlflow_run_id")
-        if job and run_id and job != exclude and client.get_metric_history(run_id, "train/loss"):
-            return trial, job
-    return None
+def _at_gate(gate: Path, exclude: str | None = None) -> str | None:
+    """The Slurm task (array job_task) of a trial waiting at the gate, other than `exclude`."""
+    return next((p.stem for p in sorted(gate.glob("*.waiting")) if p.stem != exclude), None)
+
+
+def _running_in(study, job: str):
+    """The running trial of Slurm task `job`, once its MLflow run is recorded."""
+    return next(
+        (
+            t
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if t.user_attrs.get("slurm_job") == job and t.user_attrs.get("mlflow_run_id")
+        ),
+        None,
+    )
 
 
 def _squeue(job: str) -> str:
@@ -61,8 +72,19 @@ def _table(folder: Path) -> list[tuple[str, str, str]]:
     return sorted((r["variant"], r["seed"], r["valid"]) for r in csv.DictReader(open(folder / "table.csv")))
 
 
-def test_a_sweep_on_slurm_survives_a_preemption_and_a_cancel(slurm, tmp_path):
-    recipe = write_recipe(tmp_path, seeds=[0, 1], base__train__steps=STEPS, base__train__val_every=VAL_EVERY)
+def test_a_sweep_on_slurm_survives_a_preemption_and_a_cancel(slurm, tmp_path, monkeypatch):
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    monkeypatch.setenv("ABLATE_TEST_GATE", str(gate))  # sbatch hands this environment to the tasks
+    here = str(Path(__file__).parent)  # slurm_gate, which the recipe imports
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+    recipe = write_recipe(
+        tmp_path,
+        seeds=[0, 1],
+        imports=["slurm_gate"],
+        base__train__steps=STEPS,
+        base__train__val_every=VAL_EVERY,
+    )
     workspace = tmp_path / "ablate-runs"
     args = ("sweep", str(recipe), "--launcher", "slurm", "--workers", "2", "--yes", "--reports", "rep")
     out = run_cli(*args, cwd=tmp_path, check=True).stdout
@@ -71,7 +93,8 @@ def test_a_sweep_on_slurm_survives_a_preemption_and_a_cancel(slurm, tmp_path):
     client = Stores(workspace).client()
     study = _study(workspace)
     jobs = dict(array=array, logs=workspace / "slurm" / array)
-    warned, warned_task = _wait_for("a trial training", lambda: _running(study, client), **jobs)
+    warned_task = _wait_for("a trial at the gate", lambda: _at_gate(gate), **jobs)
+    warned = _wait_for("its trial", lambda: _running_in(study, warned_task), **jobs)
     subprocess.run(["scancel", "--signal=USR2", warned_task], check=True)
     # Slurm holds a requeued job for its requeue delay (2 minutes in 22.05); as an admin may, start it now.
     _wait_for("the warned task requeued", lambda: "(BeginTime)" in _squeue(warned_task))
@@ -88,10 +111,9 @@ def test_a_sweep_on_slurm_survives_a_preemption_and_a_cancel(slurm, tmp_path):
     saved_at = handed_back.user_attrs["preempted_at"]  # the step the signal's checkpoint was saved at
     assert 0 < saved_at < STEPS
 
-    _, other = _wait_for(
-        "the other task training", lambda: _running(study, client, exclude=warned_task), **jobs
-    )
+    other = _wait_for("the other task's trial at the gate", lambda: _at_gate(gate, warned_task), **jobs)
     subprocess.run(["scancel", other], check=True)  # no warning: its trial is retried through liveness
+    (gate / "open").touch()  # the trials left, and the retries, train through
 
     def finished() -> bool:
         trials = study.get_trials(deepcopy=False)
