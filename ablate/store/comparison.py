@@ -32,7 +32,7 @@ import json
 from typing import Any
 
 from ablate.store import names
-from ablate.store.difference_charts import difference_charts, hidden_chart
+from ablate.store.difference_charts import difference_charts, hidden_chart, step_chart
 from ablate.store.difference_keys import ORDER_TAG
 from ablate.store.tokens_axis import PREFIX as TOKENS_PREFIX
 
@@ -92,24 +92,8 @@ def tokens_charts(keys: list[str], flat: set[str]) -> tuple[list[dict], list[dic
         shown = [k for k in ordered if k not in flat]
         section = f"ablate-section-{name}-tokens"
         for metric in shown:
-            charts.append(
-                {
-                    "uuid": f"ablate-{TOKENS_PREFIX}{metric}",
-                    "type": "LINE",
-                    "metricKey": TOKENS_PREFIX + metric,
-                    "displayName": f"{metric} against training tokens",
-                    "metricSectionId": section,
-                    "runsCountToCompare": 100,
-                    "isGenerated": False,
-                    "deleted": False,
-                    "xAxisKey": "step",
-                    "useGlobalXaxisKey": False,
-                    "useGlobalLineSmoothing": False,
-                    "lineSmoothness": 0,
-                    "scaleType": "linear",
-                    "xAxisScaleType": "linear",
-                }
-            )
+            key = TOKENS_PREFIX + metric
+            charts.append(step_chart(f"ablate-{key}", key, f"{metric} against training tokens", section))
         charts += [hidden_chart(TOKENS_PREFIX + k) for k in ordered if k in flat]
         if shown:
             sections.append(

@@ -26,13 +26,13 @@ FIRST_METRICS = ("val/loss", "val/ar_hit", "val/others")  # Table 6's columns
 BUDGET_SECTION = "ablate-section-budgets"
 
 
-def line_chart(uuid: str, keys: list[str], title: str, section: str) -> dict[str, Any]:
-    """A line chart of `keys` against MLflow's step (here the training tokens), every run drawn."""
+def step_chart(uuid: str, key: str, title: str, section: str) -> dict[str, Any]:
+    """MLflow's saved state of a line chart of `key` against its step (here the training tokens), every
+    run drawn; the trials' tokens charts (`ablate.store.comparison`) are these."""
     return {
         "uuid": uuid,
         "type": "LINE",
-        "metricKey": keys[0],
-        "selectedMetricKeys": keys,
+        "metricKey": key,
         "displayName": title,
         "metricSectionId": section,
         "runsCountToCompare": 100,
@@ -44,8 +44,12 @@ def line_chart(uuid: str, keys: list[str], title: str, section: str) -> dict[str
         "lineSmoothness": 0,
         "scaleType": "linear",
         "xAxisScaleType": "linear",
-        "displayPoints": True,
     }
+
+
+def line_chart(uuid: str, keys: list[str], title: str, section: str) -> dict[str, Any]:
+    """A `step_chart` of several `keys` (a difference's mean and its interval's ends), points drawn."""
+    return step_chart(uuid, keys[0], title, section) | {"selectedMetricKeys": keys, "displayPoints": True}
 
 
 def hidden_chart(key: str) -> dict[str, Any]:
