@@ -46,6 +46,7 @@ from ablate.store.difference_keys import (
     row_name,
     series_key,
 )
+from ablate.store.tracking import set_tags
 
 if TYPE_CHECKING:
     from ablate.store.study import SweepContext
@@ -177,8 +178,7 @@ def paint(client: Any, parent: str, order: list[str], records: list[RunRecord]) 
     wanted = {r.run_id: colors[r.variant] for r in records if r.run_id and r.variant in colors}
     wanted[parent] = PARENT_COLOR
     for run_id, color in wanted.items():
-        if client.get_run(run_id).data.tags.get(COLOR_TAG) != color:
-            client.set_tag(run_id, COLOR_TAG, color)
+        set_tags(client, run_id, {COLOR_TAG: color})
 
 
 def log_differences(ctx: SweepContext, study: Any, finished_run: str = "") -> int:
@@ -213,10 +213,11 @@ def log_differences(ctx: SweepContext, study: Any, finished_run: str = "") -> in
         new += [Metric(key, float(v), now, int(t)) for t, v in sorted(points.items()) if t not in done]
     for start in range(0, len(new), BATCH):  # MLflow takes at most 1000 metrics a request
         client.log_batch(parent, metrics=new[start : start + BATCH])
-    client.set_tag(parent, ORDER_TAG, json.dumps(order))
-    paint(client, parent, order, records)
+    tags = {ORDER_TAG: json.dumps(order)}
     if references:
-        client.set_tag(parent, REFERENCE_TAG, json.dumps(references, sort_keys=True))
-        client.set_tag(parent, ONE_SEED_TAG, json.dumps(one_seed))
-        client.set_tag(parent, NOTE_TAG, note(references, row_labels(ctx), one_seed))
+        tags[REFERENCE_TAG] = json.dumps(references, sort_keys=True)
+        tags[ONE_SEED_TAG] = json.dumps(one_seed)
+        tags[NOTE_TAG] = note(references, row_labels(ctx), one_seed)
+    set_tags(client, parent, tags)
+    paint(client, parent, order, records)
     return len(new)

@@ -35,6 +35,7 @@ from ablate.store import names
 from ablate.store.difference_charts import difference_charts, hidden_chart, step_chart
 from ablate.store.difference_keys import ORDER_TAG
 from ablate.store.tokens_axis import PREFIX as TOKENS_PREFIX
+from ablate.store.tracking import set_tags
 
 VIEW_KEY = "ablate-comparison"
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
@@ -163,8 +164,8 @@ def save_view(client, experiment_id: str) -> None:
     colors = row_colors(order)
     for run in runs + parents:
         color = colors.get(run.data.tags.get(names.VARIANT, ""), PARENT_COLOR)
-        if color and run.data.tags.get(COLOR_TAG) != color:
-            client.set_tag(run.info.run_id, COLOR_TAG, color)
+        if color:
+            set_tags(client, run.info.run_id, {COLOR_TAG: color}, current=run.data.tags)
     labels = {run.data.tags.get(names.VARIANT, ""): run.data.tags.get(names.LABEL, "") for run in runs}
     flat = flat_metrics(runs)
     diff_sections, diff_charts = difference_charts(

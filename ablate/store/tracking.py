@@ -227,6 +227,21 @@ def log_params(client, run_id: str, params: dict[str, Any]) -> None:
         client.log_batch(run_id, params=items[start : start + 100])
 
 
+def set_tags(client, run_id: str, tags: dict[str, str], current: dict[str, str] | None = None) -> None:
+    """Set the tags whose value differs from the run's (`current`: its tags, when already read).
+
+    Through `log_batch`, not `set_tag`: MLflow's SQL store retries a batch whose tag another process
+    inserted between its read and its write, while `set_tag` fails on that duplicate key; two workers that
+    end trials at the same moment both write the sweep's parent run."""
+    from mlflow.entities import RunTag
+
+    if current is None:
+        current = client.get_run(run_id).data.tags
+    changed = [RunTag(key, value) for key, value in tags.items() if current.get(key) != value]
+    if changed:
+        client.log_batch(run_id, tags=changed)
+
+
 def log_metrics(client, run_id: str, metrics: dict[str, float], step: int) -> None:
     from mlflow.entities import Metric
 
