@@ -23,6 +23,7 @@ from ablate.core.errors import UserError
 from ablate.core.workspace import Workspace
 from ablate.store import comparison, tracking
 from ablate.store.commands import has_password, redact
+from ablate.store.sqlite_store import sqlite_path, sqlite_url
 from ablate.store.stores import Stores
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # binds to every interface
@@ -74,6 +75,17 @@ def store_env(uri: str, env: dict[str, str] | None = None) -> dict[str, str]:
     if has_password(uri):
         env["MLFLOW_BACKEND_STORE_URI"] = uri
     return env
+
+
+def child_store(uri: str) -> tuple[str, Path | None]:
+    """The backend store URL the `mlflow` child is given, and the folder it starts in. A SQLite file is
+    named relative to its own folder, the child's working folder: MLflow creates a SQLite URL's parent
+    folder from the URL's text without decoding it, so the quoted URL of a workspace `ws?q=1` would leave
+    an empty `ws%3Fq%3D1` folder beside it (this process's MLflow is patched: sqlite_store)."""
+    if not uri.startswith("sqlite:///") or uri.removeprefix("sqlite:///") in ("", ":memory:"):
+        return uri, None
+    path = sqlite_path(uri).absolute()
+    return sqlite_url(Path(path.name)), path.parent
 
 
 def backend_store(uri: str | None, workspace: Workspace) -> str:
@@ -145,8 +157,9 @@ def serve(
             flush=True,
         )
 
-    cmd = server_command(store, artifacts, host, port, workers, allowed_hosts)
-    return run_until_stopped(cmd, url, ready, env=store_env(store))
+    child, folder = child_store(store)
+    cmd = server_command(child, artifacts, host, port, workers, allowed_hosts)
+    return run_until_stopped(cmd, url, ready, env=store_env(child), cwd=folder)
 
 
 def ui_command(backend_store_uri: str, artifacts_uri: str, host: str, port: int) -> list[str]:
@@ -204,19 +217,26 @@ def serve_ui(stores: Stores, host: str = "127.0.0.1", port: int = 5000) -> int:
             names = ", ".join(e.name for e in others)
             print(f"  {newest.name}; the UI's Experiments page lists the others: {names}", flush=True)
 
-    env = {**store_env(uri), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    child, folder = child_store(uri)
+    env = {**store_env(child), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     # A browser's UI over a local store: nothing in flight is worth waiting for (`ablate server`, whose
     # workers may be uploading, gives uvicorn longer), so Ctrl-C frees the port within a few seconds.
-    return run_until_stopped(ui_command(uri, artifacts, host, port), url, ready, env=env, grace=0.5)
+    cmd = ui_command(child, artifacts, host, port)
+    return run_until_stopped(cmd, url, ready, env=env, grace=0.5, cwd=folder)
 
 
 def run_until_stopped(
-    cmd: list[str], url: str, on_ready, env: dict[str, str] | None = None, grace: float = 5.0
+    cmd: list[str],
+    url: str,
+    on_ready,
+    env: dict[str, str] | None = None,
+    grace: float = 5.0,
+    cwd: Path | None = None,
 ) -> int:
     """Run an MLflow server command until it exits, Ctrl-C or SIGTERM; on any of them stop its whole
     process group (uvicorn workers, job consumers): nothing is left holding the port."""
     # Its own process group: `mlflow server`/`ui` run uvicorn and job consumers in child processes.
-    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
+    proc = subprocess.Popen(cmd, start_new_session=True, env=env, cwd=cwd)
 
     def stop(signum: int, frame: object) -> None:  # SIGTERM: stop the server too, then exit
         raise KeyboardInterrupt

@@ -279,3 +279,31 @@ def test_server_sigterm_stops_the_mlflow_server_and_its_workers(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("verb", "ready"), [("ui", r"MLflow UI: (http://\S+)"), ("server", r"on (http://\S+)")]
+)
+def test_the_mlflow_child_of_a_workspace_named_with_url_characters_writes_nothing_beside_it(
+    tmp_path, verb, ready
+):
+    workspace = tmp_path / "ws?q=1 a%20b"
+    experiment = Stores(workspace).client().create_experiment("made-here")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ablate.cli", verb, "--workspace", str(workspace), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
+    try:
+        match, _ = _read_until(proc, ready)
+        base = match.group(1).split("/#", 1)[0]
+        answer = json.loads(_get(f"{base}/api/2.0/mlflow/experiments/get?experiment_id={experiment}"))
+        assert answer["experiment"]["name"] == "made-here"  # the child reads the workspace's own store
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert [p.name for p in tmp_path.iterdir()] == [workspace.name]
