@@ -129,7 +129,7 @@ def fit_grid(
     with writing(folder, "ablate fit") as into:
         written, fits, conv = _write_grid(ctx, study, client, runs, fitted, reference, into, settings, notes)
     written = moved(written, into, folder)
-    if ctx.stores.from_export:  # `ablate fit --from`: the files again, nothing recorded anywhere
+    if not ctx.stores.writes_records:  # `ablate fit --from`: the files again, nothing recorded anywhere
         return written
     for r in runs:
         c = conv[r.run_id]

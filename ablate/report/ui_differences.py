@@ -188,7 +188,7 @@ def log_differences(ctx: SweepContext, study: Any, finished_run: str = "") -> in
     from mlflow.entities import Metric
 
     parent = study.user_attrs.get("mlflow_parent_run_id")
-    if not parent or ctx.stores.from_export:
+    if not parent or not ctx.stores.writes_records:
         return 0
     client = ctx.stores.client()
     order = list(ctx.recipe.variants)

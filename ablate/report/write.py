@@ -47,7 +47,7 @@ def write_report(ctx: SweepContext, study: Any, folder: Path, compare_with: list
     (ablate.report.compare_runs)."""
     with writing(folder, "ablate report") as into:
         shown = _write_files(ctx, study, into, compare_with or [])
-    if not ctx.stores.from_export:
+    if ctx.stores.writes_records:
         _attach(ctx, study, folder)
     print(f"[report] {folder / 'table.md'}\n\n" + shown, flush=True)
     return folder

@@ -24,7 +24,8 @@ class Stores:
     tracking_uri: str | None = None
     storage_url: str | None = None
     read_only: bool = (
-        False  # a verb that only reads (status): an existing workspace is not probed for writing
+        False  # a verb that only reads (status; report on a read-only workspace): an existing workspace is
+        # not probed for writing, and nothing is recorded into its stores
     )
 
     def __post_init__(self) -> None:
@@ -37,6 +38,12 @@ class Stores:
         from ablate.store import export
 
         return bool(self.tracking_uri) and self.tracking_uri.startswith(export.SCHEME)
+
+    @property
+    def writes_records(self) -> bool:
+        """Whether a verb may record into the tracking store (tags, the UI's series, a report's copy): not
+        into an export, nor into a workspace a verb only reads."""
+        return not self.from_export and not self.read_only
 
     @property
     def export_folder(self) -> Path:
@@ -119,14 +126,16 @@ def sweep_runs_url(
     stores: Stores, recipe: str, scale: str, ui_url: str = "http://127.0.0.1:5000"
 ) -> str | None:
     """The link that opens a sweep's runs as a comparison of its variants (ablate.store.comparison), its
-    view saved first; None when the store has no such experiment yet."""
+    view saved first where the store is written to (`ablate ui` saves it too); None when the store has no
+    such experiment yet."""
     from ablate.store import comparison
 
     client = stores.client()
     experiment = client.get_experiment_by_name(tracking.experiment_name(recipe, scale))
     if experiment is None:
         return None
-    comparison.save_view(client, experiment.experiment_id)
+    if stores.writes_records:
+        comparison.save_view(client, experiment.experiment_id)
     return comparison.view_url(ui_url, experiment.experiment_id)
 
 

@@ -50,8 +50,28 @@ def report(
         compare_with = checked_folders([inside_checkout(f) for f in compare_with])
     opts = Shared(**options)
     ctx = sweep_context(recipe, opts, opts.search, opts.grace_period, overrides)
+    ctx = _read_only_if_unwritable(ctx)
     study, _ = open_study(ctx, create=False)
     write_report(ctx, study, report_folder(ctx, Path(opts.reports)), compare_with)
     log_differences(ctx, study)  # rows a sweep's workers settled without writing (a failed last trial)
     print_ui_link(ctx, opts)
     return 0
+
+
+def _read_only_if_unwritable(ctx: Any) -> Any:
+    """A workspace that cannot be written (a read-only mount, another user's) is read, and the report
+    written from it; what would be recorded into its stores is not, and one line says so."""
+    import dataclasses
+    import os
+    import sys
+
+    root = ctx.stores.workspace.root
+    if ctx.stores.tracking_uri or ctx.stores.storage_url or not root.is_dir() or os.access(root, os.W_OK):
+        return ctx
+    print(
+        f"--workspace: {root} is read-only: the report is written from it, but nothing is recorded into its "
+        "stores (the UI's differences and colours, the report's copy on the sweep's MLflow run); run "
+        "ablate report again where the workspace can be written to add them",
+        file=sys.stderr,
+    )
+    return dataclasses.replace(ctx, stores=dataclasses.replace(ctx.stores, read_only=True))

@@ -124,3 +124,22 @@ def test_status_reads_a_read_only_workspace(tmp_path, capsys):
     assert code == 0, err
     assert "sweep mini: 0/2 trials finished, 1 running, 1 waiting" in out, out
     assert {p.name: p.stat().st_mtime_ns for p in workspace.iterdir()} == before  # nothing written
+
+
+def test_report_reads_a_read_only_workspace_and_says_what_it_did_not_write(finished_sweep, tmp_path, capsys):
+    (recipe,) = finished_sweep.parent.glob("*.yaml")
+    before = {p.name: p.stat().st_mtime_ns for p in finished_sweep.iterdir()}
+    subprocess.run(["mount", "--bind", str(finished_sweep), str(finished_sweep)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(finished_sweep)], check=True)
+        capsys.readouterr()
+        argv = ["report", str(recipe), "--workspace", str(finished_sweep), "--reports", str(tmp_path / "rep")]
+        code = main([*argv, "--seeds", "0", "1"])
+        out, err = capsys.readouterr()
+    finally:
+        subprocess.run(["umount", "-l", str(finished_sweep)], check=True)
+    assert code == 0, err
+    assert (tmp_path / "rep" / "mini" / "table.md").is_file(), out
+    (line,) = [line for line in (out + err).splitlines() if "read-only" in line]
+    assert str(finished_sweep) in line and "UI" in line, line
+    assert {p.name: p.stat().st_mtime_ns for p in finished_sweep.iterdir()} == before  # nothing written
