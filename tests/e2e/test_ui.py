@@ -115,16 +115,21 @@ def _sigint_as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _start_ui(workspace: Path, port: int) -> subprocess.Popen:
+def _start(verb: str, workspace: Path, port: int, *more: str, **popen) -> subprocess.Popen:
+    """`ablate ui` or `ablate server` on `workspace`, its output read through a pipe."""
     return subprocess.Popen(
-        [sys.executable, "-m", "ablate.cli", "ui", "--workspace", str(workspace), "--port", str(port)],
+        [sys.executable, "-m", "ablate.cli", verb, "--workspace", str(workspace), "--port", str(port), *more],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         start_new_session=True,
-        preexec_fn=_sigint_as_in_a_terminal,
+        **popen,
     )
+
+
+def _start_ui(workspace: Path, port: int) -> subprocess.Popen:
+    return _start("ui", workspace, port, preexec_fn=_sigint_as_in_a_terminal)
 
 
 @pytest.mark.slow
@@ -233,14 +238,7 @@ def test_ui_tags_experiments_of_older_stores_as_training(tmp_path):
     old = client.create_experiment("made-before-the-tag")
     chosen = client.create_experiment("kind-chosen-by-a-user", tags={names.EXPERIMENT_KIND: "finetuning"})
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ablate.cli", "ui", "--workspace", str(workspace), "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,
-    )
+    proc = _start("ui", workspace, port)
     try:
         _read_until(proc, r"MLflow UI: ")
         assert client.get_experiment(old).tags[names.EXPERIMENT_KIND] == "custom_model_development"
@@ -252,25 +250,7 @@ def test_ui_tags_experiments_of_older_stores_as_training(tmp_path):
 
 def test_server_sigterm_stops_the_mlflow_server_and_its_workers(tmp_path):
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ablate.cli",
-            "server",
-            "--workspace",
-            str(tmp_path / "ws"),
-            "--port",
-            str(port),
-            "--workers",
-            "2",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,
-    )
+    proc = _start("server", tmp_path / "ws", port, "--workers", "2")
     try:
         _read_until(proc, r"MLflow server on ")
         assert "OK" in _get(f"http://127.0.0.1:{port}/health")
@@ -290,14 +270,7 @@ def test_the_mlflow_child_of_a_workspace_named_with_url_characters_writes_nothin
     workspace = tmp_path / "ws?q=1 a%20b"
     experiment = Stores(workspace).client().create_experiment("made-here")
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ablate.cli", verb, "--workspace", str(workspace), "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,
-    )
+    proc = _start(verb, workspace, port)
     try:
         match, _ = _read_until(proc, ready)
         base = match.group(1).split("/#", 1)[0]
