@@ -9,10 +9,13 @@ CUDA tensors through the compiled kernels.
 
 Ops (q (B, M, h, N, d) with M = 2 maps for differential attention or 1 for softmax attention,
 k (B, M, h_kv, N, d), v (B, h_kv, N, e), lam a float32 0-dim tensor):
-- `ablate::triton_attention(q, k, v, lam, block_m, block_n) -> (out, o2, lse)`: out (B, h, N, e) laid out
-  (B, N, h, e), O2 = A2 V alike (M = 2; empty for M = 1), lse (B, M, h, N) float32.
-- `ablate::triton_attention_backward(dout, q, k, v, lam, out, o2, lse, block_m, block_n)
-  -> (dq, dk, dv, dlam)`: the three backward kernels; dλ = -Σ δ2 summed here.
+- `ablate::triton_attention(q, k, v, lam, block_m, block_n, deterministic=False) -> (out, o2, lse)`:
+  out (B, h, N, e) laid out (B, N, h, e), O2 = A2 V alike (M = 2; empty for M = 1), lse (B, M, h, N)
+  float32. `deterministic` (or `torch.use_deterministic_algorithms(True)` when the forward runs, which
+  `train.deterministic` sets) picks the backward without atomics.
+- `ablate::triton_attention_backward(dout, q, k, v, lam, out, o2, lse, block_m, block_n, deterministic)
+  -> (dq, dk, dv, dlam)`: δ, then the single pass (dQ by float32 atomics) or the two kernels; dλ = -Σ δ2
+  summed here.
 """
 
 from __future__ import annotations
@@ -42,20 +45,33 @@ def require() -> None:
 
 
 def diff_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor, *, block: int | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    *,
+    block: int | None = None,
+    deterministic: bool = False,
 ) -> torch.Tensor:
     """Eq. 1, causal: q (B,2,h,N,d) = [Q1, Q2], k (B,2,h_kv,N,d) = [K1, K2], v (B,h_kv,N,2d), lam 0-dim
-    -> (B,h,N,2d), laid out (B,N,h,2d)."""
-    return _call(q, k, v, lam.float().reshape(()), block)
+    -> (B,h,N,2d), laid out (B,N,h,2d). `deterministic`: the backward without atomics."""
+    return _call(q, k, v, lam.float().reshape(()), block, deterministic)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block: int | None = None) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    block: int | None = None,
+    deterministic: bool = False,
+) -> torch.Tensor:
     """Causal softmax attention by the same kernel with one map: q (B,H,N,d), k and v (B,H_kv,N,d)."""
     lam = torch.zeros((), dtype=torch.float32, device=q.device)
-    return _call(q.unsqueeze(1), k.unsqueeze(1), v, lam, block)
+    return _call(q.unsqueeze(1), k.unsqueeze(1), v, lam, block, deterministic)
 
 
-def _call(q, k, v, lam, block):
+def _call(q, k, v, lam, block, deterministic):
     require()
     if v.shape[-1] > MAX_WIDTH:
         raise UserError(
@@ -69,7 +85,7 @@ def _call(q, k, v, lam, block):
     with torch.autocast(q.device.type, enabled=False):  # dtypes are chosen here, not by autocast
         k, v = k.to(q.dtype), v.to(q.dtype)
         block_m, block_n = (block, block) if block else _blocks(q, v.shape[-1])
-        return torch.ops.ablate.triton_attention(q, k, v, lam, block_m, block_n)[0]
+        return torch.ops.ablate.triton_attention(q, k, v, lam, block_m, block_n, deterministic)[0]
 
 
 def _blocks(q: torch.Tensor, v_width: int) -> tuple[int, int]:
@@ -129,7 +145,13 @@ def _outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 @torch.library.custom_op("ablate::triton_attention", mutates_args=())
 def _forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor, block_m: int, block_n: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    block_m: int,
+    block_n: int,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, maps, heads, n, width = q.shape
     kv_heads, v_width = k.shape[2], v.shape[-1]
@@ -137,16 +159,16 @@ def _forward(
     fwd = _kernels(q.device)[0]
     grid = (math.ceil(n / block_m), batch * heads)
     fwd[grid](
-        q, k, v, out, o2 if maps == 2 else out, lse, lam,
+        q, k, v, out, o2 if maps == 2 else out, lse, lam, out, lse, lam,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        heads, heads // kv_heads, n, width, v_width, 1 / math.sqrt(width),
-        MAPS=maps, **_launch_options(q, width, v_width, block_m, block_n),
+        heads, heads // kv_heads, n, width, v_width, 1 / math.sqrt(width), 0.0, 1.0,
+        MAPS=maps, NORM=False, **_launch_options(q, width, v_width, block_m, block_n),
     )  # fmt: skip
     return out, o2, lse
 
 
 @_forward.register_fake
-def _forward_fake(q, k, v, lam, block_m, block_n):
+def _forward_fake(q, k, v, lam, block_m, block_n, deterministic=False):
     return _outputs(q, v)
 
 
@@ -162,6 +184,7 @@ def _backward(
     lse: torch.Tensor,
     block_m: int,
     block_n: int,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, maps, heads, n, width = q.shape
     kv_heads, v_width = k.shape[2], v.shape[-1]
@@ -169,43 +192,53 @@ def _backward(
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     bwd_delta, bwd_kv, bwd_q = _kernels(q.device)[1:]
     bwd_delta[(math.ceil(n / block_m), batch * heads)](
-        out, o2 if maps == 2 else out, dout, delta, lam, *out.stride(), *dout.stride(), heads, n, v_width,
-        MAPS=maps, BLOCK_M=block_m, BLOCK_E=_pow2(v_width),
+        out, o2 if maps == 2 else out, dout, delta, lam, lse, lam, out, lse,
+        *out.stride(), *dout.stride(), heads, n, v_width, 1.0,
+        MAPS=maps, NORM=False, BLOCK_M=block_m, BLOCK_E=_pow2(v_width),
     )  # fmt: skip
     dlam = -delta[:, 1].sum() if maps == 2 else torch.zeros_like(lam)
-    dq, dk, dv = (torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (q, k, v))
+    dk, dv = (torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (k, v))
+    # The single pass adds dQ into float32 by atomics (their order varies: not bitwise reproducible);
+    # the deterministic pass writes it from a second kernel per query block.
+    dq = torch.empty(q.shape, dtype=q.dtype if deterministic else torch.float32, device=q.device)
+    if not deterministic:
+        dq.zero_()
     inputs = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
     sizes = (n, width, v_width, 1 / math.sqrt(width))
     options = {"MAPS": maps, **_launch_options(q, width, v_width, block_m, block_n)}
     bwd_kv[(math.ceil(n / block_n), batch * kv_heads)](
-        q, k, v, dout, lse, delta, lam, dk, dv, *inputs, *dk.stride(), *dv.stride(),
-        heads, kv_heads, heads // kv_heads, *sizes, **options,
+        q, k, v, dout, lse, delta, lam, dk, dv, dq, *inputs, *dk.stride(), *dv.stride(), *dq.stride(),
+        heads, kv_heads, heads // kv_heads, *sizes, ATOMIC=not deterministic, **options,
     )  # fmt: skip
-    bwd_q[(math.ceil(n / block_m), batch * heads)](
-        q, k, v, dout, lse, delta, lam, dq, *inputs, *dq.stride(), heads, heads // kv_heads, *sizes, **options
-    )
+    if deterministic:
+        bwd_q[(math.ceil(n / block_m), batch * heads)](
+            q, k, v, dout, lse, delta, lam, dq, *inputs, *dq.stride(), heads, heads // kv_heads, *sizes,
+            **options,
+        )  # fmt: skip
+    else:
+        dq = dq.to(q.dtype)
     return dq, dk, dv, dlam.reshape(lam.shape)
 
 
 @_backward.register_fake
-def _backward_fake(dout, q, k, v, lam, out, o2, lse, block_m, block_n):
+def _backward_fake(dout, q, k, v, lam, out, o2, lse, block_m, block_n, deterministic=False):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), torch.empty_like(lam)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, lam, block_m, block_n = inputs
+    q, k, v, lam, block_m, block_n, deterministic = inputs
     out, o2, lse = output
     ctx.save_for_backward(q, k, v, lam, out, o2, lse)
-    ctx.blocks = (block_m, block_n)
+    ctx.options = (block_m, block_n, deterministic or torch.are_deterministic_algorithms_enabled())
     ctx.mark_non_differentiable(o2, lse)
 
 
 def _grad(ctx, dout, do2, dlse):
     q, k, v, lam, out, o2, lse = ctx.saved_tensors
     dq, dk, dv, dlam = torch.ops.ablate.triton_attention_backward(
-        dout, q, k, v, lam, out, o2, lse, *ctx.blocks
+        dout, q, k, v, lam, out, o2, lse, *ctx.options
     )
-    return dq, dk, dv, dlam, None, None
+    return dq, dk, dv, dlam, None, None, None
 
 
 _forward.register_autograd(_grad, setup_context=_setup_context)

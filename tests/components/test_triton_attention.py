@@ -94,7 +94,22 @@ CASES = [  # batch, heads, kv heads, sequence, sub-head width
 @pytest.mark.parametrize("dtype", list(TOLERANCE), ids=lambda t: str(t).removeprefix("torch."))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}h{}kv{}n{}d{}".format(*c))
 def test_diff_kernel_against_float64(case, dtype):
+    """The single-pass backward (dQ added by atomics) and the forward."""
     check_diff_kernel(case, dtype, BLOCK, BLOCK)
+
+
+@pytest.mark.parametrize(
+    "case, dtype",
+    [
+        ((2, 2, 2, 37, 16), torch.float32),  # MHA, a masked tail
+        ((1, 4, 2, 50, 32), torch.bfloat16),  # grouped
+        ((1, 3, 1, 33, 24), torch.float16),  # one kv head for three, a width that is masked
+    ],
+    ids=lambda c: str(c).removeprefix("torch."),
+)
+def test_deterministic_backward_against_float64(case, dtype):
+    """The two-kernel backward (dK and dV per key block, dQ per query block: no atomics)."""
+    check_diff_kernel(case, dtype, BLOCK, BLOCK, deterministic=True)
 
 
 @pytest.mark.parametrize(
@@ -103,30 +118,78 @@ def test_diff_kernel_against_float64(case, dtype):
 @pytest.mark.parametrize("block_m, block_n", [(32, 16), (16, 32)])
 def test_diff_kernel_with_unequal_tiles(block_m, block_n, dtype):
     """Query tiles taller than key tiles (the CUDA default for Diff in 16-bit: triton_op._blocks) and
-    shorter: the causal bounds of each kernel's loop meet the other tile's edges inside a tile."""
+    shorter: the causal bounds of each kernel's loop meet the other tile's edges inside a tile, and the
+    tiles seen whole meet the masked ones there (both backward paths)."""
     check_diff_kernel((1, 4, 2, 50, 32), dtype, block_m, block_n)
+    check_diff_kernel((1, 2, 1, 50, 16), dtype, block_m, block_n, deterministic=True)
 
 
-def check_diff_kernel(case, dtype, block_m: int, block_n: int) -> None:
+def test_a_wrong_formula_fails_the_check():
+    """Broken on purpose: against Eq. 1 with λ's sign flipped, the same comparison fails, for the
+    output and for the gradients λ reaches."""
+    errors = diff_kernel_errors((1, 4, 2, 50, 32), torch.float32, BLOCK, BLOCK, lam_sign=-1.0)
+    tol = TOLERANCE[torch.float32]
+    assert errors["lse1"] < 1e-6 and errors["lse2"] < 1e-6  # λ plays no part in the maps' statistics
+    # dQ1 and dK1 do not depend on λ (δ1 = rowsum(dO · A1 V)): they still match.
+    assert {name for name, error in errors.items() if error > tol} == {"out", "dQ2", "dK2", "dV", "dλ"}
+
+
+def test_deterministic_algorithms_choose_the_two_kernel_backward():
+    """`torch.use_deterministic_algorithms(True)` (what `train.deterministic` sets) picks the two-kernel
+    backward: its gradients bit for bit, which the single pass's float32 atomics do not give."""
+    gen = torch.Generator().manual_seed(7)
+    _, (q, k, v) = projected(1, 2, 1, 40, 24, torch.float32, gen)
+    lam = torch.tensor(0.5, requires_grad=True)
+    grad = torch.randn(1, 2, 40, 48, generator=gen)
+
+    def grads(*deterministic):
+        out = torch.ops.ablate.triton_attention(q, k, v, lam, BLOCK, BLOCK, *deterministic)[0]
+        return torch.autograd.grad(out, (q, k, v, lam), grad)
+
+    single_pass, two_kernels = grads(False), grads(True)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        chosen = grads()
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert all(torch.equal(a, b) for a, b in zip(chosen, two_kernels))
+    assert not torch.equal(single_pass[0], two_kernels[0])  # dQ: scaled per tile, then summed
+
+
+def check_diff_kernel(case, dtype, block_m: int, block_n: int, *, deterministic: bool = False) -> None:
+    errors = diff_kernel_errors(case, dtype, block_m, block_n, deterministic=deterministic)
+    tol = TOLERANCE[dtype]
+    for name, error in errors.items():
+        assert error < (1e-6 if name.startswith("lse") else tol), (name, error)
+
+
+def diff_kernel_errors(
+    case, dtype, block_m: int, block_n: int, *, deterministic: bool = False, lam_sign: float = 1.0
+) -> dict[str, float]:
+    """Relative errors of the op's outputs and gradients against Eq. 1 in float64 (with λ times
+    `lam_sign`: -1 is a wrong formula)."""
     batch, heads, kv_heads, n, d = case
     gen = torch.Generator().manual_seed(sum(case))
     leaves, (q, k, v) = projected(batch, heads, kv_heads, n, d, dtype, gen)
     lam = torch.tensor(0.63, requires_grad=True)
-    out, o2, lse = torch.ops.ablate.triton_attention(q, k, v, lam, block_m, block_n)
+    out, o2, lse = torch.ops.ablate.triton_attention(q, k, v, lam, block_m, block_n, deterministic)
     grad = torch.randn(out.shape, generator=gen).to(dtype)
     out.backward(grad)
 
     ref = [t.detach().double().requires_grad_() for t in (q[:, 0], q[:, 1], k[:, 0], k[:, 1], v, lam)]
-    expected = diff64(*ref)
+    expected = diff64(*ref[:5], lam_sign * ref[5])
     expected.backward(grad.double())
-    tol = TOLERANCE[dtype]
     assert out.shape == (batch, heads, n, 2 * d) and out.dtype == dtype
-    assert rel(out, expected.detach()) < tol
-    assert rel(lse[:, 0], lse64(ref[0], ref[2])) < 1e-6 and rel(lse[:, 1], lse64(ref[1], ref[3])) < 1e-6
     a2v = diff64(ref[1], ref[1], ref[3], ref[3], ref[4], torch.tensor(0.0)).detach()  # A2 V, kept for dλ
-    assert rel(o2, a2v) < tol
     dq = leaves[0].grad.unflatten(2, (heads, 2))  # (B, N, h, 2, d): map c of head i
     dk = leaves[1].grad.unflatten(2, (kv_heads, 2))
+    errors = {
+        "out": rel(out, expected.detach()),
+        "lse1": rel(lse[:, 0], lse64(ref[0], ref[2])),
+        "lse2": rel(lse[:, 1], lse64(ref[1], ref[3])),
+        "o2": rel(o2, a2v),
+    }
     for name, actual, wanted in [
         ("dQ1", dq[:, :, :, 0].transpose(1, 2), ref[0].grad),
         ("dQ2", dq[:, :, :, 1].transpose(1, 2), ref[1].grad),
@@ -135,8 +198,9 @@ def check_diff_kernel(case, dtype, block_m: int, block_n: int) -> None:
         ("dV", leaves[2].grad.transpose(1, 2), ref[4].grad),
     ]:
         assert actual.dtype == dtype, name
-        assert rel(actual, wanted) < tol, name
-    assert abs(lam.grad.item() - ref[5].grad.item()) < tol * abs(ref[5].grad.item()), "dλ"
+        errors[name] = rel(actual, wanted)
+    errors["dλ"] = abs(lam.grad.item() - ref[5].grad.item()) / abs(ref[5].grad.item())
+    return errors
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCE), ids=lambda t: str(t).removeprefix("torch."))
