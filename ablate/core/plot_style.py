@@ -84,16 +84,17 @@ def finish(ax: Any, *, title: str, xlabel: str, ylabel: str, legend: bool = True
         ax.legend(fontsize=8, frameon=False)
 
 
-def passes_axis(ax: Any, split_tokens: float, largest: float) -> None:
+def passes_axis(ax: Any, split_tokens: float, largest: float, note: str = "") -> None:
     """On a plot over training tokens: passes over the training split on a second (top) axis, and the
-    tokens past one pass shaded, so a reader sees where the runs read their text again
-    (ablate.data.passes). Nothing when the split's size is unknown."""
+    tokens past one pass shaded, so a reader sees where the runs read their text again; `note`: the share
+    read twice at the right edge (ablate.data.passes.axis_note). Nothing when the split's size is unknown."""
     if not split_tokens or not math.isfinite(split_tokens) or split_tokens <= 0:
         return
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     top = ax.secondary_xaxis("top", functions=(lambda t: t / split_tokens, lambda p: p * split_tokens))
-    top.set_xlabel(f"passes over the {si(split_tokens)}-token training split", fontsize=8)
+    label = f"passes over the {si(split_tokens)}-token training split"
+    top.set_xlabel(label + (f"\n{note}" if note else ""), fontsize=8 if not note else 7)
     top.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
     top.xaxis.set_minor_formatter(NullFormatter())
     top.tick_params(labelsize=7)

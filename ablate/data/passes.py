@@ -104,6 +104,22 @@ def read_twice_text(passes_seen: Iterable[float], samplings: Iterable[str]) -> s
     return "; ".join(parts)
 
 
+AXIS_WORDS = {"permutation": "each pass a permutation", "random": "in expectation: windows at random offsets"}
+assert set(AXIS_WORDS) == set(SAMPLINGS)
+
+
+def axis_note(split_tokens: float, largest_tokens: float, samplings: Iterable[str]) -> str:
+    """What a plot's passes axis adds about re-reading, at its largest tokens: '0% read twice at the right
+    edge (each pass a permutation)'; one clause per way the plotted runs drew windows; '' if unknown."""
+    p = passes(largest_tokens, split_tokens)
+    drawn = set(samplings)
+    return "; ".join(
+        f"{format_share(read_twice(p, s))} read twice at the right edge ({AXIS_WORDS[s]})"
+        for s in SAMPLINGS
+        if s in drawn and math.isfinite(p)
+    )
+
+
 def format_passes(p: float) -> str:
     return "unknown" if not math.isfinite(p) else f"{p:.2f}"
 

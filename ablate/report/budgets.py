@@ -26,6 +26,7 @@ per doubling, the trend) and `ablate.report.budget_cost` (what the budgets cost)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -112,6 +113,7 @@ def plot_gaps(
     path: Path,
     reference_label: str,
     split_tokens: float = math.nan,
+    samplings: Sequence[str] = (),
 ) -> Path:
     from matplotlib.ticker import NullLocator
 
@@ -132,7 +134,9 @@ def plot_gaps(
     ax.set_xticks(budgets, [si(b) for b in budgets])  # the budgets themselves, not the decades' 10^k
     ax.xaxis.set_minor_locator(NullLocator())
     n = max((g["n_seeds"] for g in gaps), default=0)
-    plot_style.passes_axis(ax, split_tokens, max(budgets, default=0))
+    largest = max(budgets, default=0)
+    note = data_passes.axis_note(split_tokens, largest, samplings)
+    plot_style.passes_axis(ax, split_tokens, largest, note)
     plot_style.finish(
         ax,
         title=f"Paired gap to the reference row at each token budget ({n} seeds)",
@@ -193,7 +197,11 @@ def write_budget_report(ctx: SweepContext, study: Any, records: list[Any], folde
     written.append(write_csv(folder / "trend.csv", trend_csv))
     if gaps:
         reference = labels[order[0]] if order else ""
-        written.append(plot_gaps(gaps, order, folder / "gap_vs_tokens.png", reference, split))
+        written.append(
+            plot_gaps(
+                gaps, order, folder / "gap_vs_tokens.png", reference, split, [r.sampling for r in records]
+            )
+        )
     return written
 
 

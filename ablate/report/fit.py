@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -232,9 +233,15 @@ def _series(report: FitReport, quantity: str) -> list[Series]:
     return out
 
 
-def write_fit(report: FitReport, out_dir: str | Path, split_tokens: float = float("nan")) -> list[Path]:
+def write_fit(
+    report: FitReport,
+    out_dir: str | Path,
+    split_tokens: float = float("nan"),
+    samplings: Sequence[str] = (),
+) -> list[Path]:
     """Write fit.json, fit.md and loss_vs_params.png / loss_vs_tokens.png (those the form has);
-    `split_tokens`: the training split the runs drew from (loss_vs_tokens.png shows the passes over it)."""
+    `split_tokens`: the training split the runs drew from (loss_vs_tokens.png shows the passes over it, and
+    the share read twice by how the runs drew their windows: `samplings`)."""
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -254,6 +261,7 @@ def write_fit(report: FitReport, out_dir: str | Path, split_tokens: float = floa
                 title=f"{report.form.formula}",
                 footnote=foot,
                 split_tokens=split_tokens if quantity == "tokens" else float("nan"),
+                samplings=samplings,
             )
             written.append(path)
     except OSError as e:

@@ -132,7 +132,8 @@ def _write_fit(
     folder = Path(out) if out is not None else report_folder(ctx, None)
     splits = {r.split_tokens for r in runs if math.isfinite(r.split_tokens)}
     with writing(folder, "--out") as into:  # the folder as a whole, no link followed (ablate.report.folder)
-        written = write_fit(report, into, splits.pop() if len(splits) == 1 else math.nan)
+        split = splits.pop() if len(splits) == 1 else math.nan
+        written = write_fit(report, into, split, [r.sampling for r in runs])
         with open(into / "fit.md", "a") as f:
             f.write("\n" + runs_markdown(runs, params_count))
     written = moved(written, into, folder)

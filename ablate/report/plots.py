@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ablate.data.passes import axis_note
+
 
 @dataclass
 class Series:
@@ -38,9 +40,11 @@ def scaling_plot(
     title: str | None = None,
     footnote: str | None = None,
     split_tokens: float = float("nan"),
+    samplings: Sequence[str] = (),
 ) -> Path:
     """Write one PNG with every series on a log x-axis; returns the path. `split_tokens`: on a plot over
-    tokens, the training split's size, for the passes axis and the shading past one pass."""
+    tokens, the training split's size, for the passes axis and the shading past one pass; `samplings`: how
+    the plotted runs drew their windows (the share they read twice, on that axis)."""
     from ablate.core import plot_style
 
     fig, ax = plot_style.figure(6.4, 4.6)
@@ -58,6 +62,7 @@ def scaling_plot(
             ax.scatter(s.x, s.y, color=color, marker=s.marker, s=22, zorder=3, label=label, alpha=s.alpha)
     ax.set_xscale("log")
     largest = max((float(max(s.x)) for s in series if len(s.x)), default=0.0)
-    plot_style.passes_axis(ax, split_tokens, largest)
+    note = axis_note(split_tokens, largest, samplings)
+    plot_style.passes_axis(ax, split_tokens, largest, note)
     plot_style.finish(ax, title=title or "", xlabel=xlabel, ylabel=ylabel)
     return plot_style.save(fig, path, caption=footnote)

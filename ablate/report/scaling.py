@@ -410,9 +410,10 @@ def write_grid_report(
     folder.mkdir(parents=True, exist_ok=True)
     splits = {r.split_tokens for r in runs if math.isfinite(getattr(r, "split_tokens", math.nan))}
     split = splits.pop() if len(splits) == 1 else math.nan  # the passes axis of the plots over tokens
-    written = write_fit(fits["joint"], folder, split)
-    written += write_fit(fits["size"], folder / "size", split)
-    written += write_fit(fits["tokens"], folder / "tokens", split)
+    drawn = [r.sampling for r in runs]
+    written = write_fit(fits["joint"], folder, split, drawn)
+    written += write_fit(fits["size"], folder / "size", split, drawn)
+    written += write_fit(fits["tokens"], folder / "tokens", split, drawn)
     written += [write_csv(folder / f"{name}.csv", r) for name, r in rows.items()]
     from ablate.report.write import hand_written
 

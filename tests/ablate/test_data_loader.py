@@ -214,3 +214,14 @@ def test_the_share_read_twice_in_words():
     old = passes.usage_line(164e6, [0.0125], [passes.sampling_of({})])  # a run recorded before the key
     assert old.endswith("0.6% of their tokens read twice in expectation (windows at random offsets)")
     assert passes.sampling_of({"data.sampling": "permutation"}) == "permutation"
+
+
+def test_a_plots_passes_axis_says_the_share_read_twice_at_its_right_edge():
+    note = passes.axis_note(164e6, 2.05e6, ["random", "random"])  # 0.0125 passes
+    assert note == "0.6% read twice at the right edge (in expectation: windows at random offsets)"
+    both = passes.axis_note(1e6, 2e6, ["permutation", "random"])  # 2 passes: 1 - 1/2 and 1 - (1 - e^-2)/2
+    assert both == (
+        "50% read twice at the right edge (each pass a permutation); "
+        "57% read twice at the right edge (in expectation: windows at random offsets)"
+    )
+    assert passes.axis_note(float("nan"), 2e6, ["random"]) == ""  # the split unknown: nothing said
