@@ -36,26 +36,31 @@ class RoPE(nn.Module):
         self._cache: dict[tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _cos_sin(self, n: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_compiling():  # computed in the graph: the cache's inference check breaks it
+            return self._table(n, device, dtype)
         key = (n, device, dtype)
         hit = self._cache.get(key)
         # Tensors made under inference_mode (e.g. Lightning's validation) cannot be saved for backward.
         if hit is None or (hit[0].is_inference() and not torch.is_inference_mode_enabled()):
-            # Angles in float32 whatever the activation dtype: bf16 positions*frequencies lose whole turns.
-            exponent = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32) / self.head_dim
-            inv_freq = self.theta**-exponent
-            angles = torch.outer(torch.arange(n, device=device, dtype=torch.float32), inv_freq)  # (N, hd/2)
-            if self.style == "interleaved":  # pair (2i, 2i+1) turns by angle i
-                angles = angles.repeat_interleave(2, dim=-1)
-            else:  # pair (i, i + hd/2) turns by angle i
-                angles = torch.cat([angles, angles], dim=-1)
-            # The sine of the first of each pair negated: rotating is x * cos + swap(x) * signed_sin.
-            signed_sin = angles.sin()
-            if self.style == "interleaved":
-                signed_sin.unflatten(-1, (-1, 2))[..., 0].neg_()
-            else:
-                signed_sin[:, : self.head_dim // 2].neg_()
-            self._cache[key] = (angles.cos().to(dtype), signed_sin.to(dtype))
+            self._cache[key] = self._table(n, device, dtype)
         return self._cache[key]
+
+    def _table(self, n: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # Angles in float32 whatever the activation dtype: bf16 positions*frequencies lose whole turns.
+        exponent = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32) / self.head_dim
+        inv_freq = self.theta**-exponent
+        angles = torch.outer(torch.arange(n, device=device, dtype=torch.float32), inv_freq)  # (N, hd/2)
+        if self.style == "interleaved":  # pair (2i, 2i+1) turns by angle i
+            angles = angles.repeat_interleave(2, dim=-1)
+        else:  # pair (i, i + hd/2) turns by angle i
+            angles = torch.cat([angles, angles], dim=-1)
+        # The sine of the first of each pair negated: rotating is x * cos + swap(x) * signed_sin.
+        signed_sin = angles.sin()
+        if self.style == "interleaved":
+            signed_sin.unflatten(-1, (-1, 2))[..., 0].neg_()
+        else:
+            signed_sin[:, : self.head_dim // 2].neg_()
+        return angles.cos().to(dtype), signed_sin.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cos, signed_sin = self._cos_sin(x.shape[-2], x.device, x.dtype)

@@ -23,7 +23,7 @@ from torch import nn
 from ablate.core.contract import HIDDEN, VECTOR, AttentionMaps, LogitTransform
 from ablate.core.errors import UserError
 from ablate.core.registry import build, register
-from components.attention import backends
+from components.attention import backends, triton_op
 from components.attention.softmax import KEY, kv_heads
 from components.norm import RMSNorm, rms_norm
 
@@ -132,19 +132,20 @@ class DiffAttention(nn.Module):
         computed by the math backend whatever `backend` is (the fused kernels never form the maps)."""
         batch, n, _ = x.shape
         q, k, v = self.project(x)
-        result = backends.diff_attend_maps(
-            q,
-            k,
-            v,
-            self.lambda_value(),
-            backend=self.backend_of(q.device, q.dtype, q.shape[-2]),
-            return_weights=return_weights,
-        )
-        out, weights = result if return_weights else (result, None)  # (B,h,N,2d)
-        if self.subln is not None:  # Eq. 3, times the fixed (1 - λ_init)
-            out = rms_norm(out, self.subln.weight, self.subln.eps, 1 - self.lambda_init)
+        backend = self.backend_of(q.device, q.dtype, q.shape[-2])
+        if backend == "triton" and self.subln is not None and not return_weights:
+            # Eq. 3's norm times (1 - λ_init) in the kernel's epilogue, its backward in the δ pass
+            norm = (self.subln.weight, self.subln.eps, 1 - self.lambda_init)
+            out, weights = triton_op.diff_attention(q, k, v, self.lambda_value(), norm=norm), None
         else:
-            out = out * (1 - self.lambda_init)
+            result = backends.diff_attend_maps(
+                q, k, v, self.lambda_value(), backend=backend, return_weights=return_weights
+            )
+            out, weights = result if return_weights else (result, None)  # (B,h,N,2d)
+            if self.subln is not None:  # Eq. 3, times the fixed (1 - λ_init)
+                out = rms_norm(out, self.subln.weight, self.subln.eps, 1 - self.lambda_init)
+            else:
+                out = out * (1 - self.lambda_init)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, n, self.n_heads * 2 * self.head_dim))
         return (out, weights) if return_weights else out
 

@@ -17,6 +17,12 @@ causal softmax attention, so the Transformer arm can be timed on the same code.
   varies on the GPU, so the sums are not bitwise reproducible: the deterministic path is `_bwd_kv`
   without atomics (dK1, dK2, dV) and `_bwd_q` (per query block and head, dQ1 and dQ2 from a second walk
   over the keys, 4 of its 6 products recomputed).
+- the per-head norm (NORM, Eq. 3): a head's whole 2d-wide output row is in one tile, so the forward's
+  epilogue rounds O to the inputs' type (what an unfused norm would read), keeps it and the row's
+  inverse RMS, and writes O / rms(O) · w · (1 - λ_init). Its backward runs in `_bwd_delta` before δ:
+  with x̂ = O · inv and g = dY · w (1 - λ_init), dO = inv (g - x̂ mean(g · x̂)) is written in the
+  inputs' type (the gradient the attention's backward reads, rounded as the unfused one is) and δ is
+  taken from it; the weight's gradient, Σ dY · x̂, as partial sums per query block.
 - masks: each kernel's walk over the other side's tiles is split (`_fwd_tiles`, `_bwd_kv_tiles`,
   `_bwd_q_tiles`, called once per kind of tile) into the tiles the causal diagonal crosses, with the
   mask, and those every row sees whole, with neither the causal mask nor the sequence's end (a query
@@ -28,7 +34,8 @@ least, `tl.dot`'s minimum) and masked, as are sequence tails. Products accumulat
 inputs multiply in IEEE float32 (no TF32). `DOT` is the type the products' operands are cast to: the
 inputs' own (a no-op) on the GPU; float32 for bf16 under the interpreter, whose `tl.dot` multiplies bf16
 as raw 16-bit integers (a bf16 product is exact in float32, and the maps are rounded to bf16 first, so the
-arithmetic is the GPU's).
+arithmetic is the GPU's, but for one difference: the interpreter casts float32 to bf16 by truncation
+where the GPU rounds to nearest, a step of 2^-8 on about half of the rounded values).
 
 The functions are plain Python: `kernels(interpret)` wraps them with `triton.jit` for CUDA tensors or
 Triton's interpreter for CPU tensors (the tile loops too, in a namespace per kind: `_rebind`). `TRITON_INTERPRET=1` would decide that once, when triton is first

@@ -9,13 +9,17 @@ CUDA tensors through the compiled kernels.
 
 Ops (q (B, M, h, N, d) with M = 2 maps for differential attention or 1 for softmax attention,
 k (B, M, h_kv, N, d), v (B, h_kv, N, e), lam a float32 0-dim tensor):
-- `ablate::triton_attention(q, k, v, lam, block_m, block_n, deterministic=False) -> (out, o2, lse)`:
-  out (B, h, N, e) laid out (B, N, h, e), O2 = A2 V alike (M = 2; empty for M = 1), lse (B, M, h, N)
-  float32. `deterministic` (or `torch.use_deterministic_algorithms(True)` when the forward runs, which
-  `train.deterministic` sets) picks the backward without atomics.
-- `ablate::triton_attention_backward(dout, q, k, v, lam, out, o2, lse, block_m, block_n, deterministic)
-  -> (dq, dk, dv, dlam)`: δ, then the single pass (dQ by float32 atomics) or the two kernels; dλ = -Σ δ2
-  summed here.
+- `ablate::triton_attention(q, k, v, lam, block_m, block_n, deterministic=False, norm_weight=None,
+  norm_eps=0, norm_factor=1) -> (out, o2, lse, pre, inv)`: out (B, h, N, e) laid out (B, N, h, e),
+  O2 = A2 V alike (M = 2; empty for M = 1), lse (B, M, h, N) float32. `deterministic` (or
+  `torch.use_deterministic_algorithms(True)` when the forward runs, which `train.deterministic` sets)
+  picks the backward without atomics. With `norm_weight` (2d,) the kernel applies Eq. 3's per-head
+  RMSNorm times `norm_factor` (1 - λ_init) to out, and keeps `pre` (the output before it, out's layout)
+  and `inv` (its inverse RMS, (B, h, N) float32) for the backward; both are empty without it.
+- `ablate::triton_attention_backward(dout, q, k, v, lam, out, o2, lse, block_m, block_n, deterministic,
+  inv, norm_weight, norm_factor) -> (dq, dk, dv, dlam, dweight)`: δ (after the norm's backward, when
+  there is one), then the single pass (dQ by float32 atomics) or the two kernels; dλ = -Σ δ2 and the
+  norm weight's gradient summed here.
 """
 
 from __future__ import annotations
@@ -52,10 +56,13 @@ def diff_attention(
     *,
     block: int | None = None,
     deterministic: bool = False,
+    norm: tuple[torch.Tensor, float, float] | None = None,
 ) -> torch.Tensor:
     """Eq. 1, causal: q (B,2,h,N,d) = [Q1, Q2], k (B,2,h_kv,N,d) = [K1, K2], v (B,h_kv,N,2d), lam 0-dim
-    -> (B,h,N,2d), laid out (B,N,h,2d). `deterministic`: the backward without atomics."""
-    return _call(q, k, v, lam.float().reshape(()), block, deterministic)
+    -> (B,h,N,2d), laid out (B,N,h,2d). `deterministic`: the backward without atomics. `norm` = (weight
+    (2d,), eps, factor): Eq. 3's per-head RMSNorm times `factor` (1 - λ_init) applied by the kernel, as
+    `components.norm.rms_norm(out, weight, eps, factor)` would."""
+    return _call(q, k, v, lam.float().reshape(()), block, deterministic, norm)
 
 
 def attention(
@@ -71,7 +78,7 @@ def attention(
     return _call(q.unsqueeze(1), k.unsqueeze(1), v, lam, block, deterministic)
 
 
-def _call(q, k, v, lam, block, deterministic):
+def _call(q, k, v, lam, block, deterministic, norm=None):
     require()
     if v.shape[-1] > MAX_WIDTH:
         raise UserError(
@@ -85,7 +92,10 @@ def _call(q, k, v, lam, block, deterministic):
     with torch.autocast(q.device.type, enabled=False):  # dtypes are chosen here, not by autocast
         k, v = k.to(q.dtype), v.to(q.dtype)
         block_m, block_n = (block, block) if block else _blocks(q, v.shape[-1])
-        return torch.ops.ablate.triton_attention(q, k, v, lam, block_m, block_n, deterministic)[0]
+        weight, eps, factor = norm if norm is not None else (None, 0.0, 1.0)
+        return torch.ops.ablate.triton_attention(
+            q, k, v, lam, block_m, block_n, deterministic, weight, float(eps), float(factor)
+        )[0]
 
 
 def _blocks(q: torch.Tensor, v_width: int) -> tuple[int, int]:
@@ -143,6 +153,16 @@ def _outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return out, o2, lse
 
 
+def _normed(q: torch.Tensor, v: torch.Tensor, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output before the norm (out's layout) and the inverse RMS per row (B, h, N) float32; empty
+    without the norm."""
+    batch, _, heads, n, _ = q.shape
+    if not norm:
+        return q.new_empty(0), torch.empty(0, dtype=torch.float32, device=q.device)
+    pre = q.new_empty(batch, n, heads, v.shape[-1]).transpose(1, 2)
+    return pre, torch.empty(batch, heads, n, dtype=torch.float32, device=q.device)
+
+
 @torch.library.custom_op("ablate::triton_attention", mutates_args=())
 def _forward(
     q: torch.Tensor,
@@ -152,24 +172,32 @@ def _forward(
     block_m: int,
     block_n: int,
     deterministic: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 0.0,
+    norm_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, maps, heads, n, width = q.shape
     kv_heads, v_width = k.shape[2], v.shape[-1]
+    norm = norm_weight is not None
     out, o2, lse = _outputs(q, v)
+    pre, inv = _normed(q, v, norm)
+    weight = norm_weight.contiguous() if norm else lam
     fwd = _kernels(q.device)[0]
     grid = (math.ceil(n / block_m), batch * heads)
     fwd[grid](
-        q, k, v, out, o2 if maps == 2 else out, lse, lam, out, lse, lam,
+        q, k, v, out, o2 if maps == 2 else out, lse, lam, pre if norm else out, inv if norm else lse, weight,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        heads, heads // kv_heads, n, width, v_width, 1 / math.sqrt(width), 0.0, 1.0,
-        MAPS=maps, NORM=False, **_launch_options(q, width, v_width, block_m, block_n),
+        heads, heads // kv_heads, n, width, v_width, 1 / math.sqrt(width), norm_eps, norm_factor,
+        MAPS=maps, NORM=norm, **_launch_options(q, width, v_width, block_m, block_n),
     )  # fmt: skip
-    return out, o2, lse
+    return out, o2, lse, pre, inv
 
 
 @_forward.register_fake
-def _forward_fake(q, k, v, lam, block_m, block_n, deterministic=False):
-    return _outputs(q, v)
+def _forward_fake(
+    q, k, v, lam, block_m, block_n, deterministic=False, norm_weight=None, norm_eps=0.0, norm_factor=1.0
+):
+    return (*_outputs(q, v), *_normed(q, v, norm_weight is not None))
 
 
 @torch.library.custom_op("ablate::triton_attention_backward", mutates_args=())
@@ -185,17 +213,33 @@ def _backward(
     block_m: int,
     block_n: int,
     deterministic: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    inv: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`out`: the attention's output (before the norm, when `norm_weight` is given: then `dout` is the
+    gradient after it, and `inv` the forward's inverse RMS)."""
     batch, maps, heads, n, width = q.shape
     kv_heads, v_width = k.shape[2], v.shape[-1]
+    norm = norm_weight is not None
     dout = dout.to(q.dtype)
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     bwd_delta, bwd_kv, bwd_q = _kernels(q.device)[1:]
-    bwd_delta[(math.ceil(n / block_m), batch * heads)](
-        out, o2 if maps == 2 else out, dout, delta, lam, lse, lam, out, lse,
-        *out.stride(), *dout.stride(), heads, n, v_width, 1.0,
-        MAPS=maps, NORM=False, BLOCK_M=block_m, BLOCK_E=_pow2(v_width),
+    blocks_m = math.ceil(n / block_m)
+    if norm:  # the norm's backward runs in the δ kernel: dO (out's layout) and the weight's partial sums
+        dpre, _ = _normed(q, v, True)
+        dw = torch.empty(batch * heads * blocks_m, _pow2(v_width), dtype=torch.float32, device=q.device)
+    bwd_delta[(blocks_m, batch * heads)](
+        out, o2 if maps == 2 else out, dout, delta, lam,
+        inv if norm else lse, norm_weight.contiguous() if norm else lam, dpre if norm else out,
+        dw if norm else lse, *out.stride(), *dout.stride(), heads, n, v_width, norm_factor,
+        MAPS=maps, NORM=norm, BLOCK_M=block_m, BLOCK_E=_pow2(v_width),
     )  # fmt: skip
+    if norm:
+        dout = dpre
+        dweight = (dw.sum(0)[:v_width] * norm_factor).to(norm_weight.dtype)
+    else:
+        dweight = torch.empty(0, dtype=torch.float32, device=q.device)
     dlam = -delta[:, 1].sum() if maps == 2 else torch.zeros_like(lam)
     dk, dv = (torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (k, v))
     # The single pass adds dQ into float32 by atomics (their order varies: not bitwise reproducible);
@@ -211,34 +255,53 @@ def _backward(
         heads, kv_heads, heads // kv_heads, *sizes, ATOMIC=not deterministic, **options,
     )  # fmt: skip
     if deterministic:
-        bwd_q[(math.ceil(n / block_m), batch * heads)](
+        bwd_q[(blocks_m, batch * heads)](
             q, k, v, dout, lse, delta, lam, dq, *inputs, *dq.stride(), heads, heads // kv_heads, *sizes,
             **options,
         )  # fmt: skip
     else:
         dq = dq.to(q.dtype)
-    return dq, dk, dv, dlam.reshape(lam.shape)
+    return dq, dk, dv, dlam.reshape(lam.shape), dweight
 
 
 @_backward.register_fake
-def _backward_fake(dout, q, k, v, lam, out, o2, lse, block_m, block_n, deterministic=False):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), torch.empty_like(lam)
+def _backward_fake(
+    dout,
+    q,
+    k,
+    v,
+    lam,
+    out,
+    o2,
+    lse,
+    block_m,
+    block_n,
+    deterministic=False,
+    inv=None,
+    norm_weight=None,
+    norm_factor=1.0,
+):
+    dweight = norm_weight.new_empty(norm_weight.shape) if norm_weight is not None else lam.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), torch.empty_like(lam), dweight
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, lam, block_m, block_n, deterministic = inputs
-    out, o2, lse = output
-    ctx.save_for_backward(q, k, v, lam, out, o2, lse)
+    q, k, v, lam, block_m, block_n, deterministic, norm_weight, _, norm_factor = inputs
+    out, o2, lse, pre, inv = output
+    norm = norm_weight is not None
+    ctx.save_for_backward(q, k, v, lam, pre if norm else out, o2, lse, inv, norm_weight)
     ctx.options = (block_m, block_n, deterministic or torch.are_deterministic_algorithms_enabled())
-    ctx.mark_non_differentiable(o2, lse)
+    ctx.norm_factor = norm_factor
+    ctx.mark_non_differentiable(o2, lse, pre, inv)
 
 
-def _grad(ctx, dout, do2, dlse):
-    q, k, v, lam, out, o2, lse = ctx.saved_tensors
-    dq, dk, dv, dlam = torch.ops.ablate.triton_attention_backward(
-        dout, q, k, v, lam, out, o2, lse, *ctx.options
+def _grad(ctx, dout, do2, dlse, dpre, dinv):
+    q, k, v, lam, out, o2, lse, inv, norm_weight = ctx.saved_tensors
+    norm = norm_weight is not None
+    dq, dk, dv, dlam, dweight = torch.ops.ablate.triton_attention_backward(
+        dout, q, k, v, lam, out, o2, lse, *ctx.options, inv if norm else None, norm_weight, ctx.norm_factor
     )
-    return dq, dk, dv, dlam, None, None, None
+    return dq, dk, dv, dlam, None, None, None, dweight if norm else None, None, None
 
 
 _forward.register_autograd(_grad, setup_context=_setup_context)

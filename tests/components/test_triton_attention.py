@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from ablate.core.errors import UserError
 from ablate.core.registry import build
 from ablate.model.decoder import build_model
 from components.attention import backends, triton_op
+from components.norm import rms_norm
 
 pytest.importorskip("triton")
 
@@ -165,20 +167,35 @@ def check_diff_kernel(case, dtype, block_m: int, block_n: int, *, deterministic:
 
 
 def diff_kernel_errors(
-    case, dtype, block_m: int, block_n: int, *, deterministic: bool = False, lam_sign: float = 1.0
+    case,
+    dtype,
+    block_m: int,
+    block_n: int,
+    *,
+    deterministic: bool = False,
+    lam_sign: float = 1.0,
+    norm: tuple[float, float] | None = None,
+    norm_scale: float = 1.0,
 ) -> dict[str, float]:
     """Relative errors of the op's outputs and gradients against Eq. 1 in float64 (with λ times
-    `lam_sign`: -1 is a wrong formula)."""
+    `lam_sign`: -1 is a wrong formula). `norm` = (eps, factor): the kernel applies Eq. 3's RMSNorm times
+    the factor with a random weight, the formula with the factor times `norm_scale` (not 1: wrong)."""
     batch, heads, kv_heads, n, d = case
     gen = torch.Generator().manual_seed(sum(case))
     leaves, (q, k, v) = projected(batch, heads, kv_heads, n, d, dtype, gen)
     lam = torch.tensor(0.63, requires_grad=True)
-    out, o2, lse = torch.ops.ablate.triton_attention(q, k, v, lam, block_m, block_n, deterministic)
+    weight = (1 + 0.3 * torch.randn(2 * d, generator=gen)).requires_grad_()
+    normed = (weight, *norm) if norm else (None, 0.0, 1.0)
+    out, o2, lse, *_ = torch.ops.ablate.triton_attention(
+        q, k, v, lam, block_m, block_n, deterministic, *normed
+    )
     grad = torch.randn(out.shape, generator=gen).to(dtype)
     out.backward(grad)
 
-    ref = [t.detach().double().requires_grad_() for t in (q[:, 0], q[:, 1], k[:, 0], k[:, 1], v, lam)]
+    ref = [t.detach().double().requires_grad_() for t in (q[:, 0], q[:, 1], k[:, 0], k[:, 1], v, lam, weight)]
     expected = diff64(*ref[:5], lam_sign * ref[5])
+    if norm:
+        expected = rms_norm64(expected, ref[6], norm[0], norm[1] * norm_scale)
     expected.backward(grad.double())
     assert out.shape == (batch, heads, n, 2 * d) and out.dtype == dtype
     a2v = diff64(ref[1], ref[1], ref[3], ref[3], ref[4], torch.tensor(0.0)).detach()  # A2 V, kept for dλ
@@ -200,7 +217,46 @@ def diff_kernel_errors(
         assert actual.dtype == dtype, name
         errors[name] = rel(actual, wanted)
     errors["dλ"] = abs(lam.grad.item() - ref[5].grad.item()) / abs(ref[5].grad.item())
+    if norm:
+        errors["dW"] = rel(weight.grad, ref[6].grad)
     return errors
+
+
+def rms_norm64(o: torch.Tensor, weight: torch.Tensor, eps: float, factor: float) -> torch.Tensor:
+    """Eq. 3's per-head norm in float64: each 2d-wide row over its root mean square, times the weight and
+    the factor (1 - λ_init)."""
+    return o / torch.sqrt(o.square().mean(-1, keepdim=True) + eps) * weight * factor
+
+
+@pytest.mark.parametrize(
+    "case, dtype, deterministic",
+    [
+        ((2, 2, 2, 37, 16), torch.float32, False),  # MHA, a masked tail
+        ((1, 4, 2, 50, 32), torch.bfloat16, True),  # grouped
+        ((1, 4, 2, 50, 32), torch.bfloat16, False),
+        ((1, 3, 1, 33, 24), torch.float16, False),  # one kv head for three, a width that is masked
+    ],
+    ids=lambda c: str(c).removeprefix("torch."),
+)
+def test_fused_norm_against_float64(case, dtype, deterministic):
+    """Eq. 3's RMSNorm times (1 - λ_init) in the forward's epilogue, its backward in the δ kernel:
+    output and every gradient (the weight's too) against the float64 formula."""
+    errors = diff_kernel_errors(case, dtype, BLOCK, BLOCK, deterministic=deterministic, norm=(1e-5, 0.7))
+    tol = TOLERANCE[dtype]
+    for name, error in errors.items():
+        assert error < (1e-6 if name.startswith("lse") else tol), (name, error)
+
+
+def test_a_wrong_norm_fails_the_check():
+    """Broken on purpose: against the norm without its (1 - λ_init) factor, the comparison fails for the
+    output and every gradient it reaches."""
+    errors = diff_kernel_errors(
+        (1, 4, 2, 50, 32), torch.float32, BLOCK, BLOCK, norm=(1e-5, 0.7), norm_scale=1 / 0.7
+    )
+    tol = TOLERANCE[torch.float32]
+    assert {name for name, error in errors.items() if error > tol} == {
+        "out", "dQ1", "dQ2", "dK1", "dK2", "dV", "dλ", "dW"
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCE), ids=lambda t: str(t).removeprefix("torch."))
@@ -226,7 +282,7 @@ def test_softmax_kernel_against_float64(kv_heads, dtype):
 
 
 def test_diff_component_on_triton_matches_the_paper(reference):
-    """The `diff` module with `backend: triton`, norm and (1 - λ_init) in PyTorch around the kernel,
+    """The `diff` module with `backend: triton` (the norm and (1 - λ_init) in the kernel's epilogue)
     against conftest's Eq. 1-3 in float64; its gradients against the `math` backend's."""
     kwargs = {"d_model": 64, "head_dim": 16, "layer_idx": 1, "n_layers": 2, "position": "none"}
     spec = {"name": "diff", "n_kv_heads": 1}
@@ -245,6 +301,41 @@ def test_diff_component_on_triton_matches_the_paper(reference):
     for (name, a), b in zip(fused.named_parameters(), math_.parameters()):
         assert a.grad.abs().sum() > 0, name
         assert rel(a.grad, b.grad.double()) < 1e-4, name
+
+
+# Fused against unfused: float32 and float16 differ in the order of float32 sums (measured up to 1.5e-6
+# and 4e-7); in bfloat16 the interpreter truncates the kernel's float32 to bfloat16 where PyTorch (and
+# the GPU) round to nearest, a step of 2^-8 on about half the outputs (measured up to 6.6e-3).
+SAME = {torch.float32: 5e-6, torch.float16: 1e-5, torch.bfloat16: 1.5e-2}
+
+
+@pytest.mark.parametrize("dtype", list(SAME), ids=lambda t: str(t).removeprefix("torch."))
+def test_diff_component_fuses_the_norm_on_triton(dtype):
+    """On `triton` the module's per-head norm runs in the kernel: the same output and gradients (the
+    norm's weight and λ's vectors included) as the same kernel with `rms_norm` applied after it."""
+    kwargs = {"d_model": 64, "head_dim": 16, "layer_idx": 1, "n_layers": 2, "position": "none"}
+    torch.manual_seed(0)
+    module = build("attention", {"name": "diff", "n_kv_heads": 1}, backend="triton", **kwargs).to(dtype)
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        module.subln.weight.copy_(1 + 0.3 * torch.randn(32, generator=gen))
+    x = torch.randn(2, 21, 64, generator=gen).to(dtype).requires_grad_()
+    grad = torch.randn(2, 21, 64, generator=gen).to(dtype)
+    leaves = [x, *module.parameters()]
+
+    def unfused(x):
+        q, k, v = module.project(x)
+        out = triton_op.diff_attention(q, k, v, module.lambda_value())
+        out = rms_norm(out, module.subln.weight, module.subln.eps, 1 - module.lambda_init)
+        return module.out_proj(out.transpose(1, 2).reshape(2, 21, 64))
+
+    fused, expected = module(x), unfused(x)
+    assert rel(fused, expected.double()) < SAME[dtype]
+    names = ["x", *(name for name, _ in module.named_parameters())]
+    for name, a, b in zip(
+        names, torch.autograd.grad(fused, leaves, grad), torch.autograd.grad(expected, leaves, grad)
+    ):
+        assert rel(a, b.double()) < SAME[dtype], name
 
 
 def test_the_core_compiles_whole():
@@ -269,8 +360,8 @@ def test_the_core_compiles_whole():
 
 
 def test_compiled_model_runs_the_custom_op():
-    """`train.compile: true` with `attention_backend: triton`: the compiled model (inductor) computes what
-    the eager one does, gradients included."""
+    """`train.compile: true` with `attention_backend: triton` (the per-head norm fused): the compiled
+    model (inductor) is one graph, no break, and computes what the eager one does, gradients included."""
     config = {"vocab_size": 64, "d_model": 64, "n_layers": 2, "head_dim": 16}
     config |= {"attention": {"name": "diff"}, "attention_backend": "triton"}
     eager, source = build_model(config, seed=0), build_model(config, seed=0)
@@ -279,10 +370,12 @@ def test_compiled_model_runs_the_custom_op():
             a.add_(torch.randn_like(a) * 0.05)
             b.copy_(a)
     torch._dynamo.reset()
+    counters.clear()
     compiled = torch.compile(source)
     tokens = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(1))
     eager_loss = eager(tokens).float().logsumexp(-1).mean()
     compiled_loss = compiled(tokens).float().logsumexp(-1).mean()
+    assert counters["stats"]["unique_graphs"] == 1 and sum(counters["graph_break"].values()) == 0
     eager_loss.backward()
     compiled_loss.backward()
     torch._dynamo.reset()
@@ -299,11 +392,15 @@ def test_fake_implementations_give_the_real_layouts():
     gen = torch.Generator().manual_seed(0)
     _, (q, k, v) = projected(1, 2, 1, 18, 16, torch.float32, gen)
     lam = torch.tensor(0.5)
-    real = torch.ops.ablate.triton_attention(q, k, v, lam, BLOCK, BLOCK)
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        fake = torch.ops.ablate.triton_attention(*(mode.from_tensor(t) for t in (q, k, v, lam)), BLOCK, BLOCK)
-    for r, f in zip(real, fake):
-        assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride())
+    weight = torch.rand(32)
+    for norm in ((), (False, weight, 1e-5, 0.7)):
+        real = torch.ops.ablate.triton_attention(q, k, v, lam, BLOCK, BLOCK, *norm)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fakes = (mode.from_tensor(t) for t in (q, k, v, lam))
+            fake = torch.ops.ablate.triton_attention(*fakes, BLOCK, BLOCK, *norm)
+        assert len(real) == len(fake) == 5
+        for r, f in zip(real, fake):
+            assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride())
 
 
 INTERPRETED = """
