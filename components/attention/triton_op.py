@@ -5,7 +5,9 @@ so torch.compile traces the forward and the backward as one opaque node each ins
 graph, and Lightning's loop sees an ordinary differentiable call. Triton is an optional dependency
 (`pip install 'ablate[triton]'`): it is imported on the first call, and a missing package is one line.
 CPU tensors run through Triton's interpreter (slow, exact: how the kernels are tested without a GPU),
-CUDA tensors through the compiled kernels.
+CUDA tensors through the compiled kernels. Each kernel launches with its own configuration (tiles, warps,
+stages), timed on the GPU and remembered by `components.attention.triton_configs`, the interpreter's fixed
+one on CPU, or the tiles a caller passes (`block`: tests and benchmarks).
 
 Ops (q (B, M, h, N, d) with M = 2 maps for differential attention or 1 for softmax attention,
 k (B, M, h_kv, N, d), v (B, h_kv, N, e), lam a float32 0-dim tensor):
@@ -31,10 +33,11 @@ import math
 import torch
 
 from ablate.core.errors import UserError
+from components.attention import triton_configs
 
 TRITON_MISSING = "attention_backend: triton needs the triton package (pip install 'ablate[triton]')"
 MAX_WIDTH = 256  # V's width (2d for differential attention): two float32 accumulators that wide per block
-BLOCK = 64  # query and key rows per tile (tests pass smaller ones to cross tiles at small sizes)
+BLOCK = 64  # the δ kernel's rows per program (tests pass tiles of their own to cross tiles at small sizes)
 
 
 @functools.cache
@@ -91,27 +94,41 @@ def _call(q, k, v, lam, block, deterministic, norm=None):
         raise UserError(f"attention_backend: triton runs on cuda (cpu: interpreted), not {q.device.type}")
     with torch.autocast(q.device.type, enabled=False):  # dtypes are chosen here, not by autocast
         k, v = k.to(q.dtype), v.to(q.dtype)
-        block_m, block_n = (block, block) if block else _blocks(q, v.shape[-1])
+        block_m, block_n = (block, block) if block else (0, 0)  # 0: each kernel's own (`_launch`)
         weight, eps, factor = norm if norm is not None else (None, 0.0, 1.0)
         return torch.ops.ablate.triton_attention(
             q, k, v, lam, block_m, block_n, deterministic, weight, float(eps), float(factor)
         )[0]
 
 
-def _blocks(q: torch.Tensor, v_width: int) -> tuple[int, int]:
-    """(query rows, key rows) per tile. `BLOCK` each, halved on CUDA where a query block's two float32
-    accumulators and its tiles would outgrow the registers and shared memory (float32 inputs, or V wider
-    than 128). Differential attention in 16-bit on CUDA takes query tiles twice as tall (2 x `BLOCK`
-    by `BLOCK`): on an H200, Diff's core at the `small` widths ran 1.38x faster at 2,048 tokens and 1.75x
-    at 8,192 than with 64 x 64, the best of 10 launch configurations timed there
-    (benchmarks/device/tune_triton.py; reports/gpu-h200/tune_triton.csv)."""
+def _launch(
+    kernel: str, q: torch.Tensor, width: int, v_width: int, block_m: int, block_n: int, launch
+) -> None:
+    """Run `launch(block_m, block_n, options)` once with `kernel`'s configuration: the tiles given
+    (block_m > 0: tests and benchmarks, every kernel alike), the interpreter's fixed one on CPU, or on
+    CUDA the one `triton_configs` chose for the kernel, shape, dtype and GPU (timed with `launch` itself
+    the first time)."""
+    if block_m:
+        launch(block_m, block_n, _launch_options(q, width, v_width, block_m, block_n))
+        return
     if q.device.type != "cuda":
-        return BLOCK, BLOCK
-    if q.dtype == torch.float32 or v_width > 128:
-        return BLOCK // 2, BLOCK // 2
-    if q.shape[1] == 2:
-        return 2 * BLOCK, BLOCK
-    return BLOCK, BLOCK
+        config = triton_configs.INTERPRETED
+        launch(
+            config.block_m, config.block_n, _launch_options(q, width, v_width, config.block_m, config.block_n)
+        )
+        return
+    capability = torch.cuda.get_device_capability(q.device)
+    key = triton_configs.Key(kernel, q.shape[1], width, v_width, q.dtype, q.shape[3], capability)
+
+    def run(config) -> None:
+        options = _launch_options(q, width, v_width, config.block_m, config.block_n)
+        launch(
+            config.block_m,
+            config.block_n,
+            options | {"num_warps": config.num_warps, "num_stages": config.num_stages},
+        )
+
+    run(triton_configs.chooser().choose(key, run))
 
 
 def _pow2(n: int) -> int:
@@ -183,13 +200,16 @@ def _forward(
     pre, inv = _normed(q, v, norm)
     weight = norm_weight.contiguous() if norm else lam
     fwd = _kernels(q.device)[0]
-    grid = (math.ceil(n / block_m), batch * heads)
-    fwd[grid](
-        q, k, v, out, o2 if maps == 2 else out, lse, lam, pre if norm else out, inv if norm else lse, weight,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        heads, heads // kv_heads, n, width, v_width, 1 / math.sqrt(width), norm_eps, norm_factor,
-        MAPS=maps, NORM=norm, **_launch_options(q, width, v_width, block_m, block_n),
-    )  # fmt: skip
+
+    def launch(block_m: int, block_n: int, options: dict) -> None:
+        fwd[(math.ceil(n / block_m), batch * heads)](
+            q, k, v, out, o2 if maps == 2 else out, lse, lam, pre if norm else out, inv if norm else lse,
+            weight, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+            heads, heads // kv_heads, n, width, v_width, 1 / math.sqrt(width), norm_eps, norm_factor,
+            MAPS=maps, NORM=norm, **options,
+        )  # fmt: skip
+
+    _launch("forward", q, width, v_width, block_m, block_n, launch)
     return out, o2, lse, pre, inv
 
 
@@ -225,7 +245,8 @@ def _backward(
     dout = dout.to(q.dtype)
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     bwd_delta, bwd_kv, bwd_q = _kernels(q.device)[1:]
-    blocks_m = math.ceil(n / block_m)
+    rows = block_m or BLOCK  # the δ kernel's query rows per program
+    blocks_m = math.ceil(n / rows)
     if norm:  # the norm's backward runs in the δ kernel: dO (out's layout) and the weight's partial sums
         dpre, _ = _normed(q, v, True)
         dw = torch.empty(batch * heads * blocks_m, _pow2(v_width), dtype=torch.float32, device=q.device)
@@ -233,7 +254,7 @@ def _backward(
         out, o2 if maps == 2 else out, dout, delta, lam,
         inv if norm else lse, norm_weight.contiguous() if norm else lam, dpre if norm else out,
         dw if norm else lse, *out.stride(), *dout.stride(), heads, n, v_width, norm_factor,
-        MAPS=maps, NORM=norm, BLOCK_M=block_m, BLOCK_E=_pow2(v_width),
+        MAPS=maps, NORM=norm, BLOCK_M=rows, BLOCK_E=_pow2(v_width),
     )  # fmt: skip
     if norm:
         dout = dpre
@@ -245,20 +266,26 @@ def _backward(
     # The single pass adds dQ into float32 by atomics (their order varies: not bitwise reproducible);
     # the deterministic pass writes it from a second kernel per query block.
     dq = torch.empty(q.shape, dtype=q.dtype if deterministic else torch.float32, device=q.device)
-    if not deterministic:
-        dq.zero_()
     inputs = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
     sizes = (n, width, v_width, 1 / math.sqrt(width))
-    options = {"MAPS": maps, **_launch_options(q, width, v_width, block_m, block_n)}
-    bwd_kv[(math.ceil(n / block_n), batch * kv_heads)](
-        q, k, v, dout, lse, delta, lam, dk, dv, dq, *inputs, *dk.stride(), *dv.stride(), *dq.stride(),
-        heads, kv_heads, heads // kv_heads, *sizes, ATOMIC=not deterministic, **options,
-    )  # fmt: skip
-    if deterministic:
-        bwd_q[(blocks_m, batch * heads)](
-            q, k, v, dout, lse, delta, lam, dq, *inputs, *dq.stride(), heads, heads // kv_heads, *sizes,
-            **options,
+
+    def launch_kv(block_m: int, block_n: int, options: dict) -> None:
+        if not deterministic:
+            dq.zero_()  # the atomics add into it (again on every timed trial)
+        bwd_kv[(math.ceil(n / block_n), batch * kv_heads)](
+            q, k, v, dout, lse, delta, lam, dk, dv, dq, *inputs, *dk.stride(), *dv.stride(), *dq.stride(),
+            heads, kv_heads, heads // kv_heads, *sizes, MAPS=maps, ATOMIC=not deterministic, **options,
         )  # fmt: skip
+
+    def launch_q(block_m: int, block_n: int, options: dict) -> None:
+        bwd_q[(math.ceil(n / block_m), batch * heads)](
+            q, k, v, dout, lse, delta, lam, dq, *inputs, *dq.stride(), heads, heads // kv_heads, *sizes,
+            MAPS=maps, **options,
+        )  # fmt: skip
+
+    _launch("backward_kv", q, width, v_width, block_m, block_n, launch_kv)
+    if deterministic:
+        _launch("backward_q", q, width, v_width, block_m, block_n, launch_q)
     else:
         dq = dq.to(q.dtype)
     return dq, dk, dv, dlam.reshape(lam.shape), dweight

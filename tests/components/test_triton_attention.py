@@ -119,9 +119,10 @@ def test_deterministic_backward_against_float64(case, dtype):
 )
 @pytest.mark.parametrize("block_m, block_n", [(32, 16), (16, 32)])
 def test_diff_kernel_with_unequal_tiles(block_m, block_n, dtype):
-    """Query tiles taller than key tiles (the CUDA default for Diff in 16-bit: triton_op._blocks) and
-    shorter: the causal bounds of each kernel's loop meet the other tile's edges inside a tile, and the
-    tiles seen whole meet the masked ones there (both backward paths)."""
+    """Query tiles taller than key tiles (the forward's first candidate in 16 bits on CUDA:
+    triton_configs.candidates) and shorter: the causal bounds of each kernel's loop meet the other
+    tile's edges inside a tile, and the tiles seen whole meet the masked ones there (both backward
+    paths)."""
     check_diff_kernel((1, 4, 2, 50, 32), dtype, block_m, block_n)
     check_diff_kernel((1, 2, 1, 50, 16), dtype, block_m, block_n, deterministic=True)
 

@@ -1,0 +1,189 @@
+"""Launch configurations of the `triton` backend's kernels (components/attention/triton_kernels.py), chosen
+by measurement per kernel.
+
+Each of the three tiled kernels (`forward`, `backward_kv`: dK/dV and the single pass's dQ atomics,
+`backward_q`: the deterministic path's dQ) has a small candidate set of tiles and warps per head width,
+dtype and V's width; on CUDA every candidate is timed once on the call's own inputs, per kernel, length
+bucket (the next power of two, 512 to 16,384 tokens) and compute capability, and the fastest kept: in a
+dict for the process and, when the chooser has a cache folder, in a JSON file there (`triton_configs.json`,
+with the timings it chose by), read before timing anything. Under Triton's interpreter (CPU tensors) one
+fixed configuration: the interpreter takes no launch options and its times say nothing about a GPU.
+
+Why our own and not `triton.autotune`: its key is a list of the kernel's arguments (no length bucket,
+no capability), its cache lives in the process only, the single pass's float32 dQ buffer would have to
+be zeroed around every trial by argument name, and a CPU test cannot drive it; here the timer is a seam
+(`Chooser(timer=...)`), so tests choose with fake timings. The default timer is `triton.testing.do_bench`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+KERNELS = ("forward", "backward_kv", "backward_q")
+FILE = "triton_configs.json"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Rows per query tile, rows per key tile, warps and pipeline stages of one launch."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# CPU tensors: the interpreter, tiles of 64 rows (tests pass smaller ones to cross tiles at small sizes).
+INTERPRETED = Config(64, 64, 4, 1)
+
+
+@dataclass(frozen=True)
+class Key:
+    """What a configuration is chosen for."""
+
+    kernel: str
+    maps: int  # 2: differential attention, 1: softmax
+    width: int  # Q and K's head width
+    v_width: int
+    dtype: torch.dtype
+    seq_len: int
+    capability: tuple[int, int]
+
+    def name(self) -> str:
+        dtype = str(self.dtype).removeprefix("torch.")
+        major, minor = self.capability
+        return (
+            f"{self.kernel} maps{self.maps} d{self.width} e{self.v_width} {dtype} "
+            f"n{bucket(self.seq_len)} sm{major}{minor}"
+        )
+
+
+def bucket(seq_len: int) -> int:
+    """The length bucket a configuration is chosen for: the next power of two, 512 to 16,384."""
+    return min(max(1 << max(0, math.ceil(math.log2(max(seq_len, 1)))), 512), 16384)
+
+
+def candidates(kernel: str, dtype: torch.dtype, v_width: int) -> list[Config]:
+    """The configurations timed for `kernel` (ties go to the earlier).
+
+    float32 (no TF32: float32 tiles take twice the registers and shared memory) and V wider than 128
+    keep to 32- and 64-row tiles. In 16 bits the forward starts from 128 x 64 (on an H200, Diff's core at
+    the `small` widths ran 1.38x faster at 2,048 tokens and 1.75x at 8,192 than with 64 x 64, the best
+    of 10 configurations timed for all three kernels at once: reports/gpu-h200/tune_triton.csv); the
+    backward kernels walk the other side and hold two float32 accumulators per map, so they try key
+    blocks (dK/dV) or query blocks (dQ) of 32 to 128 against 64-row tiles of the other side."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(KERNELS)}")
+    warps = 4 if v_width <= 64 else 8
+    if dtype == torch.float32 or v_width > 128:
+        tiles = [(32, 32), (64, 32), (32, 64)]
+    elif kernel == "forward":
+        tiles = [(128, 64), (64, 64), (128, 32), (64, 32)]
+    elif kernel == "backward_kv":  # (query tile, key block)
+        tiles = [(64, 64), (64, 32), (32, 64), (64, 128)]
+    else:  # backward_q: (query block, key tile)
+        tiles = [(64, 64), (32, 64), (128, 64), (64, 32)]
+    return [Config(m, n, warps, 2) for m, n in tiles] + [Config(*tiles[0], warps, 3)]
+
+
+def do_bench(run: Callable[[], None]) -> float:
+    """Milliseconds per call of `run` on CUDA (Triton's own benchmark: warm-up, L2 flushed, median)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(run, warmup=5, rep=20))
+
+
+class Chooser:
+    """Chooses, remembers and (with `folder`) stores the fastest configuration per `Key`.
+
+    `timer(run) -> ms` times one candidate (`do_bench` on CUDA; tests inject fake timings)."""
+
+    def __init__(
+        self, timer: Callable[[Callable[[], None]], float] = do_bench, folder: str | Path | None = None
+    ):
+        self.timer = timer
+        self.folder = Path(folder) if folder is not None else None
+        self.chosen: dict[str, Config] = {}
+        self.timings: dict[str, dict[str, float]] = {}
+        self._read = False
+
+    def choose(self, key: Key, run: Callable[[Config], None]) -> Config:
+        """The configuration for `key`: remembered, stored in the folder, or the fastest of `candidates`
+        timed by launching `run(config)` (a candidate the GPU cannot launch, e.g. out of shared memory,
+        is left out)."""
+        name = key.name()
+        if not self._read:
+            self._load()
+        if name in self.chosen:
+            return self.chosen[name]
+        times: dict[Config, float] = {}
+        failures = []
+        for config in candidates(key.kernel, key.dtype, key.v_width):
+            try:
+                times[config] = self.timer(lambda config=config: run(config))
+            except Exception as e:  # noqa: BLE001 - a candidate that does not fit this GPU
+                if not _out_of_resources(e):
+                    raise
+                failures.append(e)
+        if not times:
+            raise failures[0]
+        best = min(times, key=times.__getitem__)
+        self.chosen[name] = best
+        self.timings[name] = {_label(c): t for c, t in times.items()}
+        self._store(name)
+        return best
+
+    def _load(self) -> None:
+        self._read = True
+        if self.folder is None or not (self.folder / FILE).is_file():
+            return
+        for name, entry in json.loads((self.folder / FILE).read_text()).items():
+            self.chosen.setdefault(name, Config(*entry["config"]))
+            self.timings.setdefault(name, entry.get("ms", {}))
+
+    def _store(self, name: str) -> None:
+        if self.folder is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / FILE
+        entries = json.loads(path.read_text()) if path.is_file() else {}  # another process's choices too
+        config = self.chosen[name]
+        entries[name] = {
+            "config": [config.block_m, config.block_n, config.num_warps, config.num_stages],
+            "ms": self.timings[name],
+        }
+        partial = path.with_name(f"{FILE}.{os.getpid()}")
+        partial.write_text(json.dumps(entries, indent=1, sort_keys=True))
+        partial.replace(path)
+
+
+def _label(config: Config) -> str:
+    return f"{config.block_m}x{config.block_n} w{config.num_warps} s{config.num_stages}"
+
+
+def _out_of_resources(error: Exception) -> bool:
+    from triton.runtime.errors import OutOfResources
+
+    return isinstance(error, OutOfResources)
+
+
+_chooser = Chooser()
+
+
+def chooser() -> Chooser:
+    """The process's chooser (its choices last as long as the process; no folder unless `use` set one)."""
+    return _chooser
+
+
+def use(new: Chooser) -> Chooser:
+    """Make `new` the process's chooser (a cache folder, another timer); returns the previous one."""
+    global _chooser
+    previous, _chooser = _chooser, new
+    return previous
