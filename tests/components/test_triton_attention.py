@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -402,6 +403,40 @@ def test_fake_implementations_give_the_real_layouts():
         assert len(real) == len(fake) == 5
         for r, f in zip(real, fake):
             assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride())
+
+
+def test_the_gpu_kernels_compile():
+    """The kernels as `triton.jit` compiles them for CUDA (an sm_90 target, no GPU needed: Triton's own
+    compiler down to a cubin), the tile loops resolved as jit functions: Diff in bfloat16 with the norm,
+    both backward paths; the single pass's dQ goes out by atomic adds, the two-kernel path's by none."""
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    from components.attention import triton_kernels
+
+    fwd, delta, kv, q = triton_kernels.kernels(False)
+    pointers = dict.fromkeys(["Q", "K", "V", "OUT", "O2", "PRE", "DO", "DK", "DV", "DPRE"], "*bf16")
+    pointers |= dict.fromkeys(["LSE", "LAM", "INV", "W", "DELTA", "DW", "DQ"], "*fp32")
+    tiles = {"MAPS": 2, "BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_D": 32, "BLOCK_E": 64}
+    tiles |= {"PRECISION": "tf32", "DOT": tl.bfloat16}
+
+    def ptx(kernel, constants, **types):
+        signature = {
+            name: "constexpr" if name in constants else {**pointers, **types}.get(name, "i32")
+            for name in kernel.arg_names
+        }
+        signature |= {name: "fp32" for name in ("scale", "eps", "factor") if name in signature}
+        source = ASTSource(kernel, signature, {(kernel.arg_names.index(n),): v for n, v in constants.items()})
+        target = GPUTarget("cuda", 90, 128)
+        return compile(source, target=target, options={"num_warps": 4, "num_stages": 2}).asm["ptx"]
+
+    ptx(fwd, tiles | {"NORM": True})
+    ptx(delta, {"MAPS": 2, "NORM": True, "BLOCK_M": 32, "BLOCK_E": 64})
+    adds = re.compile(r"\b(?:red|atom)\.global\.\S*add\.f32")  # float32 atomic adds to global memory
+    assert adds.search(ptx(kv, tiles | {"ATOMIC": True}))
+    assert not adds.search(ptx(kv, tiles | {"ATOMIC": False}))
+    ptx(q, tiles, DQ="*bf16")
 
 
 INTERPRETED = """
