@@ -1,8 +1,11 @@
 """The `triton` backend's kernels (components/attention/triton_kernels.py) on CPU tensors, run by Triton's
 interpreter, against float64 formulas written here: outputs, both maps' log-sum-exp and every gradient,
 causal, grouped-query, sequences that end inside a tile, widths 16-128 (and one that is not a power of
-two), float32 / float16 / bfloat16 each with its tolerance; the custom op under torch.compile; the line a
-missing triton gives.
+two), float32 / float16 / bfloat16 each with its tolerance; both backward paths (the single pass with dQ
+by atomics, the two kernels of the deterministic path); the per-head norm fused into the forward, its
+weight's gradient too; wrong formulas (λ's sign, the norm's factor) failing the same checks; the diff
+component's fused norm against the unfused one; the custom op under torch.compile (a model in one graph,
+no break); the kernels compiled for a GPU target; the line a missing triton gives.
 
 The kernels choose the interpreter per launch for CPU tensors (no TRITON_INTERPRET needed, which would
 have to be set before anything imports triton: Lightning does), so these tests run the kernels as
@@ -265,10 +268,25 @@ def test_a_wrong_norm_fails_the_check():
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_softmax_kernel_against_float64(kv_heads, dtype):
     """One map: the Transformer's attention by the same kernel, through `backends.attend`."""
+    check_softmax_kernel(kv_heads, dtype, lambda q, k, v: backends.attend(q, k, v, backend="triton"))
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["single_pass", "two_kernels"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16], ids=lambda t: str(t).removeprefix("torch.")
+)
+def test_softmax_kernel_in_tiles(dtype, deterministic):
+    """One map in tiles of 16 (masked and whole tiles, a masked tail), both backward paths."""
+    check_softmax_kernel(
+        2, dtype, lambda q, k, v: triton_op.attention(q, k, v, block=BLOCK, deterministic=deterministic)
+    )
+
+
+def check_softmax_kernel(kv_heads, dtype, attend) -> None:
     gen = torch.Generator().manual_seed(kv_heads)
     q = torch.randn(2, 4, 41, 32, generator=gen).to(dtype).requires_grad_()
     k, v = (torch.randn(2, kv_heads, 41, 32, generator=gen).to(dtype).requires_grad_() for _ in range(2))
-    out = backends.attend(q, k, v, backend="triton")
+    out = attend(q, k, v)
     grad = torch.randn(out.shape, generator=gen).to(dtype)
     out.backward(grad)
     ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
