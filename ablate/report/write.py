@@ -16,6 +16,8 @@ from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table
 from ablate.report import tasks as task_report
 from ablate.report.checks import passes_columns
+from ablate.report.claims import CHECKED, check_claims
+from ablate.report.claims import FILE as CLAIMS
 from ablate.report.folder import writing
 from ablate.report.honesty import honesty_checks
 from ablate.report.run_records import collect
@@ -75,9 +77,14 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path, compare_with: list
     title = f"# {ctx.recipe.name} at scale {ctx.scale}\n\n" + "\n\n".join(honesty.header)
     notes = _notes(ctx, records, headers, chosen, warnings, family) + honesty.notes
     sections, transfer = _sections(ctx, all_records, honesty, folder)
+    summary = summary_rows(ctx, records, family)
+    claims, claims_section = check_claims(folder, summary, honesty.sensitivity_rows or [])
+    sections += claims_section
     (folder / "table.md").write_text(f"{title}\n\n{table}\n\n" + "\n\n".join(notes) + "\n" + sections)
     write_csv(folder / "table.csv", csv_rows)
-    write_csv(folder / "summary.csv", summary_rows(ctx, records, family))
+    write_csv(folder / "summary.csv", summary)
+    if claims:  # a prediction written before the runs, beside what they measured (ablate.report.claims)
+        write_csv(folder / CHECKED, claims)
     if paper := paper_rows(ctx):
         write_csv(folder / "paper.csv", paper)
     plot_loss_curves(records, row_labels(ctx), folder / "loss_curves.png", list(ctx.recipe.variants))
@@ -94,6 +101,7 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path, compare_with: list
             else ""
         )
         + (", `layer_stats.csv` (the residual-stream table's cells)" if honesty.layers else "")
+        + (f", `{CHECKED}` (the claims of `{CLAIMS}`, written before the runs, measured)" if claims else "")
         + "".join(f", `{path.name}`" for path in more)
     )
     shown_runs = len(records) if chosen else 0

@@ -30,7 +30,7 @@ EXPORTED = [(FIXTURE, "mini")] + [
 ]
 
 
-INPUTS = ("runs.parquet", "metrics.parquet", "README.md", "predictions.csv", "beyond_edges.csv")
+INPUTS = ("runs.parquet", "metrics.parquet", "README.md", "predictions.csv", "claims.csv", "beyond_edges.csv")
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
