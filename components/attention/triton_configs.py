@@ -55,12 +55,14 @@ class Key:
     dtype: torch.dtype
     seq_len: int
     capability: tuple[int, int]
+    atomic: bool = False  # backward_kv as the single pass (its dQ added by atomics)
 
     def name(self) -> str:
         dtype = str(self.dtype).removeprefix("torch.")
         major, minor = self.capability
+        kernel = f"{self.kernel}+dq" if self.atomic else self.kernel
         return (
-            f"{self.kernel} maps{self.maps} d{self.width} e{self.v_width} {dtype} "
+            f"{kernel} maps{self.maps} d{self.width} e{self.v_width} {dtype} "
             f"n{bucket(self.seq_len)} sm{major}{minor}"
         )
 

@@ -102,7 +102,7 @@ def _call(q, k, v, lam, block, deterministic, norm=None):
 
 
 def _launch(
-    kernel: str, q: torch.Tensor, width: int, v_width: int, block_m: int, block_n: int, launch
+    kernel: str, q: torch.Tensor, width: int, v_width: int, block_m: int, block_n: int, launch, atomic=False
 ) -> None:
     """Run `launch(block_m, block_n, options)` once with `kernel`'s configuration: the tiles given
     (block_m > 0: tests and benchmarks, every kernel alike), the interpreter's fixed one on CPU, or on
@@ -118,7 +118,7 @@ def _launch(
         )
         return
     capability = torch.cuda.get_device_capability(q.device)
-    key = triton_configs.Key(kernel, q.shape[1], width, v_width, q.dtype, q.shape[3], capability)
+    key = triton_configs.Key(kernel, q.shape[1], width, v_width, q.dtype, q.shape[3], capability, atomic)
 
     def run(config) -> None:
         options = _launch_options(q, width, v_width, config.block_m, config.block_n)
@@ -283,7 +283,7 @@ def _backward(
             MAPS=maps, **options,
         )  # fmt: skip
 
-    _launch("backward_kv", q, width, v_width, block_m, block_n, launch_kv)
+    _launch("backward_kv", q, width, v_width, block_m, block_n, launch_kv, atomic=not deterministic)
     if deterministic:
         _launch("backward_q", q, width, v_width, block_m, block_n, launch_q)
     else:

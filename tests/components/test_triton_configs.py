@@ -66,6 +66,7 @@ def test_each_kernel_dtype_bucket_and_gpu_is_chosen_apart(tmp_path):
         key(),
         key(kernel="backward_kv"),
         key(kernel="backward_q"),
+        Key("backward_kv", 2, 64, 128, torch.bfloat16, 2048, (9, 0), atomic=True),  # the single pass
         key(dtype=torch.float16),
         key(dtype=torch.float32),
         key(seq_len=4096),
