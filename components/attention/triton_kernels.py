@@ -38,9 +38,10 @@ arithmetic is the GPU's, but for one difference: the interpreter casts float32 t
 where the GPU rounds to nearest, a step of 2^-8 on about half of the rounded values).
 
 The functions are plain Python: `kernels(interpret)` wraps them with `triton.jit` for CUDA tensors or
-Triton's interpreter for CPU tensors (the tile loops too, in a namespace per kind: `_rebind`). `TRITON_INTERPRET=1` would decide that once, when triton is first
+Triton's interpreter for CPU tensors. `TRITON_INTERPRET=1` would decide that once, when triton is first
 imported (Lightning imports it early), so the kernels call only Triton's built-ins, which the interpreter
-patches per launch: one process runs both kinds, whatever imported triton first.
+patches per launch, and their own tile loops, wrapped the same way as the kernel in a namespace per kind
+(`_rebind`): one process runs both kinds, whatever imported triton first.
 """
 
 from __future__ import annotations
