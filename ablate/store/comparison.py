@@ -29,11 +29,12 @@ opens the link in a real browser and checks what it renders.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from ablate.store import names
 from ablate.store.difference_charts import difference_charts, hidden_chart, step_chart
-from ablate.store.difference_keys import ORDER_TAG
+from ablate.store.difference_keys import ORDER_TAG, parse_key
 from ablate.store.tokens_axis import PREFIX as TOKENS_PREFIX
 from ablate.store.tracking import set_tags
 
@@ -53,6 +54,7 @@ PALETTE = (
 )  # fmt: skip
 PARENT_COLOR = "#222222"  # the parent run's differences: near black, none of the rows' colours
 TOKENS_SECTIONS = ("val", "train")  # sections of `tokens/<key>` charts, in this order
+MAX_VIEW_CHARS = 20_000  # the longest experiment tag MLflow keeps (MAX_EXPERIMENT_TAG_VAL_LENGTH, 3.x)
 
 
 def comparison_metrics(metric_keys: list[str] | set[str]) -> list[str]:
@@ -172,9 +174,35 @@ def save_view(client, experiment_id: str) -> None:
         parents, {v: lab for v, lab in labels.items() if lab}, order
     )
     token_sections, token_charts = tokens_charts(sorted(keys), flat)
-    charts = (diff_sections + token_sections, diff_charts + token_charts)
-    state = view_state(metrics, variants, charts, flat)
-    client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + VIEW_KEY, json.dumps(state))
+    for charts in fewer_charts(diff_sections + token_sections, diff_charts + token_charts):
+        text = json.dumps(view_state(metrics, variants, charts, flat), separators=(",", ":"))
+        if len(text) <= MAX_VIEW_CHARS:
+            break
+    client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + VIEW_KEY, text)
+
+
+def fewer_charts(sections: list[dict], charts: list[dict]) -> Iterator[tuple[list[dict], list[dict]]]:
+    """The view's (sections, charts), then each smaller one to try when the tag would be longer than MLflow
+    keeps (a table of many rows has a chart per row and metric, and one deleted per series): without the
+    deleted charts of the differences' series (MLflow then draws each of them in its generated sections),
+    then only `val/loss`'s differences, then no deleted chart at all, then no tokens charts, then none."""
+
+    def difference(chart: dict) -> bool:
+        return parse_key(chart.get("metricKey", "")) is not None
+
+    def loss(chart: dict) -> bool:
+        return (parse_key(chart.get("metricKey", "")) or ("", ""))[1] == FIRST_METRICS[0]
+
+    yield sections, charts
+    charts = [c for c in charts if not (difference(c) and c.get("deleted"))]
+    yield sections, charts
+    charts = [c for c in charts if not difference(c) or loss(c)]
+    yield sections, charts
+    charts = [c for c in charts if not c.get("deleted")]
+    yield sections, charts
+    charts = [c for c in charts if difference(c)]
+    yield [s for s in sections if s["uuid"] in {c["metricSectionId"] for c in charts}], charts
+    yield [], []
 
 
 def view_url(ui_url: str, experiment_id: str, charts: bool = True) -> str:

@@ -70,8 +70,12 @@ class Stores:
         if self.from_export:
             return export.ExportedRuns(self.export_folder)
         import logging
+        import os
 
         import mlflow
+
+        # MLflow draws a progress bar per artifact it reads (a report reads one per run): noise in a log
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
         # The migration chatter on first use of a SQLite store says nothing a user needs.
         for name in ("alembic", "mlflow.store.db.utils"):

@@ -4,6 +4,7 @@ the differences with one seed (no band)."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import pytest
@@ -108,3 +109,58 @@ def test_series_keys_read_back():
     assert difference_keys.split_row("diff:s64") == ("diff", "s64")
     assert difference_keys.parse_key("val/loss") is None
     assert difference_keys.parse_key("diff/val/loss/row/median") is None
+
+
+def test_a_view_of_many_rows_fits_in_the_tag_mlflow_keeps_with_every_loss_difference_drawn(client):
+    """Twelve rows, three metrics, a mean and an interval each: the full view is longer than MLflow's
+    experiment tag; the saved view is the richest that fits, and still charts every row's val/loss
+    difference and every tokens metric."""
+    from mlflow.entities import Metric, RunTag
+
+    from ablate.store import names
+
+    experiment = client.create_experiment("many-rows")
+    rows = [f"row_{i:02d}_with_a_long_name" for i in range(12)]
+    parent = client.create_run(experiment, run_name="sweep").info.run_id
+    series = [
+        Metric(difference_keys.series_key("diff", metric, row, end), 0.1, 0, step)
+        for metric in comparison.FIRST_METRICS
+        for row in rows[1:]
+        for end in ("mean", "low", "high")
+        for step in (1000, 2000)
+    ]
+    client.log_batch(parent, metrics=series, tags=[RunTag(names.ROLE, names.SWEEP_ROLE)])
+    client.set_tag(parent, difference_keys.REFERENCE_TAG, json.dumps({"": rows[0]}))
+    for i, row in enumerate(rows):
+        run = client.create_run(experiment, run_name=row).info.run_id
+        tags = {names.RUN_KEY: row, names.VARIANT: row, names.LABEL: row.upper()}
+        client.log_batch(
+            run,
+            metrics=[
+                Metric(f"{tokens_axis.PREFIX}val/loss", 4 + i / 100, 0, 1000),
+                Metric("val/loss", 4 + i / 100, 0, 1),
+            ],
+            tags=[RunTag(k, v) for k, v in tags.items()],
+        )
+    comparison.save_view(client, experiment)
+
+    tag = client.get_experiment(experiment).tags[comparison.VIEW_TAG_PREFIX + comparison.VIEW_KEY]
+    assert len(tag) <= comparison.MAX_VIEW_CHARS
+    charts = json.loads(tag)["compareRunCharts"]
+    drawn = {c["metricKey"] for c in charts if not c.get("deleted")}
+    loss = {difference_keys.series_key("diff", "val/loss", row, "mean") for row in rows[1:]}
+    assert loss <= drawn and f"{tokens_axis.PREFIX}val/loss" in drawn
+    sizes = []
+    for sections, tried in comparison.fewer_charts(*_all_charts(client, experiment)):
+        sizes.append(
+            len(json.dumps(comparison.view_state([], rows, (sections, tried)), separators=(",", ":")))
+        )
+    assert sizes[0] > comparison.MAX_VIEW_CHARS  # the full view would not have fitted
+    assert sizes == sorted(sizes, reverse=True)  # each try smaller than the one before
+
+
+def _all_charts(client, experiment: str) -> tuple[list[dict], list[dict]]:
+    from ablate.store.difference_charts import difference_charts
+
+    parents = client.search_runs([experiment], filter_string=comparison.PARENTS)
+    return difference_charts(parents, {}, [])
