@@ -94,8 +94,9 @@ def check_claims(folder: Path, summary: list[dict], sensitivity: list[dict]) -> 
     held = sum(c["held"] == "yes" for c in checked)
     section = (
         "\n## Predicted before the runs, beside what they measured\n\n"
-        f"`{FILE}` was written before the runs (its README says when); {held} of its {len(checked)} "
-        f"claims held (`{CHECKED}`; ablate.report.claims says how each is measured).\n\n{table}\n"
+        f"`{FILE}` holds what was predicted before the runs (the README says where and when it was first "
+        f"written down); {held} of its {len(checked)} claims held (`{CHECKED}`; ablate.report.claims says how "
+        f"each is measured).\n\n{table}\n"
     )
     return checked, section
 
