@@ -46,6 +46,7 @@ from ablate.report.budget_gaps import (
     rows_short_of_budgets,
     trend_rows,
 )
+from ablate.report.plots import passes_axis
 from ablate.store import names
 
 if TYPE_CHECKING:
@@ -134,9 +135,7 @@ def plot_gaps(
     ax.set_xticks(budgets, [si(b) for b in budgets])  # the budgets themselves, not the decades' 10^k
     ax.xaxis.set_minor_locator(NullLocator())
     n = max((g["n_seeds"] for g in gaps), default=0)
-    largest = max(budgets, default=0)
-    note = data_passes.axis_note(split_tokens, largest, samplings)
-    plot_style.passes_axis(ax, split_tokens, largest, note)
+    passes_axis(ax, split_tokens, max(budgets, default=0), samplings)
     plot_style.finish(
         ax,
         title=f"Paired gap to the reference row at each token budget ({n} seeds)",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -62,7 +63,14 @@ def scaling_plot(
             ax.scatter(s.x, s.y, color=color, marker=s.marker, s=22, zorder=3, label=label, alpha=s.alpha)
     ax.set_xscale("log")
     largest = max((float(max(s.x)) for s in series if len(s.x)), default=0.0)
-    note = axis_note(split_tokens, largest, samplings)
-    plot_style.passes_axis(ax, split_tokens, largest, note)
+    passes_axis(ax, split_tokens, largest, samplings)
     plot_style.finish(ax, title=title or "", xlabel=xlabel, ylabel=ylabel)
     return plot_style.save(fig, path, caption=footnote)
+
+
+def passes_axis(ax: Any, split_tokens: float, largest: float, samplings: Sequence[str]) -> None:
+    """The passes axis of a plot over training tokens (ablate.core.plot_style.passes_axis), with the share
+    the plotted runs read twice at its right edge, by how they drew their windows (`samplings`)."""
+    from ablate.core import plot_style
+
+    plot_style.passes_axis(ax, split_tokens, largest, axis_note(split_tokens, largest, samplings))

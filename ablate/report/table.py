@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ablate.core.tables import si
-from ablate.data.passes import axis_note
 from ablate.report import stats
+from ablate.report.plots import passes_axis
 from ablate.report.run_records import RunRecord, budgeted, common_split
 from ablate.store import names
 
@@ -314,9 +314,8 @@ def plot_loss_curves(
         )
         named.add(key)
     seeds = len({r.seed for r in records if r.curve})
-    split, largest = common_split(records), max((t for r in records for t, _ in r.curve), default=0)
-    note = axis_note(split, largest, [r.sampling for r in records])
-    plot_style.passes_axis(ax, split, largest, note)
+    largest = max((t for r in records for t, _ in r.curve), default=0)
+    passes_axis(ax, common_split(records), largest, [r.sampling for r in records])
     plot_style.finish(
         ax,
         title=f"Validation loss during training ({seeds} seed{'s' * (seeds != 1)})",
