@@ -564,8 +564,9 @@ TABLE: dict[str, Backend] = {
             "our own Triton kernel (`pip install '.[triton]'`): diff's two maps in one pass over K and V "
             "per direction, (A1 - λ A2) V written once, the per-head norm in its epilogue; the backward in "
             "one pass (dQ added by atomics), or two kernels under deterministic algorithms; softmax with "
-            "one map; on CPU through Triton's interpreter (exact, slow: for tests); opt-in, never chosen "
-            "by `auto` (benchmarks/NOTES.md has its cost model)",
+            "one map; on CPU through Triton's interpreter (exact, slow: for tests); `auto`'s rule never "
+            "picks it, a CUDA training run's measured `auto` may (below; benchmarks/NOTES.md has its cost "
+            "model)",
             softmax=_triton,
             diff=_diff_triton,
             require=lambda: triton_op.require(),
