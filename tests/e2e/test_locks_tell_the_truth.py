@@ -72,12 +72,17 @@ def test_the_worker_command_a_refused_sweep_prints_runs_as_printed(tmp_path, cap
     assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.COMPLETE]
 
 
-def test_status_shows_a_dead_workers_trial_as_stale_and_names_the_locks_holder(tmp_path, capsys):
+def _enqueued(tmp_path):
+    """(recipe, workspace, Optuna storage) of the mini sweep enqueued (`--no-train`) in tmp_path."""
     recipe = write_recipe(tmp_path)
     workspace = tmp_path / "ws"
     argv = ["sweep", str(recipe), "--workspace", str(workspace), "--yes", "--reports", str(tmp_path / "rep")]
     assert main([*argv, "--no-train"]) == 0
-    storage = Stores(workspace).storage()
+    return recipe, workspace, Stores(workspace).storage()
+
+
+def test_status_shows_a_dead_workers_trial_as_stale_and_names_the_locks_holder(tmp_path, capsys):
+    recipe, workspace, storage = _enqueued(tmp_path)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # a worker and a sweep killed with -9: their pid is gone
     study = optuna.load_study(study_name="mini", storage=storage)
@@ -103,11 +108,7 @@ def test_status_shows_a_dead_workers_trial_as_stale_and_names_the_locks_holder(t
 
 
 def test_status_reads_a_read_only_workspace(tmp_path, capsys):
-    recipe = write_recipe(tmp_path)
-    workspace = tmp_path / "ws"
-    argv = ["sweep", str(recipe), "--workspace", str(workspace), "--yes", "--reports", str(tmp_path / "rep")]
-    assert main([*argv, "--no-train"]) == 0
-    storage = Stores(workspace).storage()
+    recipe, workspace, storage = _enqueued(tmp_path)
     study = optuna.load_study(study_name="mini", storage=storage)
     tid = storage.get_trial_id_from_study_id_trial_number(study._study_id, 0)
     storage.set_trial_state_values(tid, state=TrialState.RUNNING)  # its progress is read from MLflow

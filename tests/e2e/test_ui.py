@@ -128,6 +128,18 @@ def _start(verb: str, workspace: Path, port: int, *more: str, **popen) -> subpro
     )
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to `ablate ui`/`server` (it stops its MLflow child), and SIGKILL to its whole group if it
+    has not exited within a minute."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def _start_ui(workspace: Path, port: int) -> subprocess.Popen:
     return _start("ui", workspace, port, preexec_fn=_sigint_as_in_a_terminal)
 
@@ -244,8 +256,7 @@ def test_ui_tags_experiments_of_older_stores_as_training(tmp_path):
         assert client.get_experiment(old).tags[names.EXPERIMENT_KIND] == "custom_model_development"
         assert client.get_experiment(chosen).tags[names.EXPERIMENT_KIND] == "finetuning"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        _stop(proc)
 
 
 def test_server_sigterm_stops_the_mlflow_server_and_its_workers(tmp_path):
@@ -277,6 +288,5 @@ def test_the_mlflow_child_of_a_workspace_named_with_url_characters_writes_nothin
         answer = json.loads(_get(f"{base}/api/2.0/mlflow/experiments/get?experiment_id={experiment}"))
         assert answer["experiment"]["name"] == "made-here"  # the child reads the workspace's own store
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        _stop(proc)
     assert [p.name for p in tmp_path.iterdir()] == [workspace.name]

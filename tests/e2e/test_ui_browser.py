@@ -6,15 +6,13 @@ missing. Waits are for what the page renders, with generous hang guards.
 
 from __future__ import annotations
 
-import os
 import runpy
 import shutil
-import signal
 import tempfile
 from pathlib import Path
 
 import pytest
-from test_ui import _read_until, _start_ui
+from test_ui import _read_until, _start_ui, _stop
 
 from ablate.train.launch import free_port
 
@@ -112,13 +110,7 @@ def test_the_printed_link_opens_a_comparison_of_the_variants_in_a_browser(finish
         assert charts.index(differences) < charts.index(against_tokens)
         assert "tokens/val/ar_hit_share" not in charts  # the same in every run: left out
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except Exception:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        _stop(proc)
 
 
 def _plotted(driver) -> list[list[dict]]:
@@ -161,10 +153,4 @@ def test_the_printed_link_charts_each_rows_paired_difference_against_tokens(fini
         reported = [float(row[k]) for k in ("diff_vs_first", "diff_lo", "diff_hi")]
         assert [mean["y"][-1], low["y"][-1], high["y"][-1]] == pytest.approx(reported, rel=1e-12)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except Exception:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        _stop(proc)
