@@ -410,7 +410,7 @@ def write_grid_report(
     folder.mkdir(parents=True, exist_ok=True)
     splits = {r.split_tokens for r in runs if math.isfinite(getattr(r, "split_tokens", math.nan))}
     split = splits.pop() if len(splits) == 1 else math.nan  # the passes axis of the plots over tokens
-    drawn = [r.sampling for r in runs if hasattr(r, "sampling")]  # how they drew windows, where known
+    drawn = [r.sampling for r in runs]  # how they drew their windows (the passes axis's share read twice)
     written = write_fit(fits["joint"], folder, split, drawn)
     written += write_fit(fits["size"], folder / "size", split, drawn)
     written += write_fit(fits["tokens"], folder / "tokens", split, drawn)

@@ -54,6 +54,7 @@ def grid_runs(seeds=4, seed_noise=0.004, point_noise=0.002, laws=None, rng_seed=
                             family=family,
                             split_tokens=4.0 * BUDGETS[-1],  # every budget under one pass
                             passes=float(d) / (4.0 * BUDGETS[-1]),
+                            sampling="permutation",  # windows without replacement (data.sampling)
                         )
                     )
     return runs
