@@ -49,8 +49,8 @@ def read_claims(path: Path) -> list[dict[str, Any]]:
             low, high = float(row["low"]), float(row["high"])
         except (KeyError, TypeError, ValueError):
             raise UserError(f"{path}:{i}: low and high must be numbers") from None
-        claims.append({"claim": row.get("claim", ""), "quantity": row["quantity"], "row": row.get("row", "")}
-                      | {"low": low, "high": high})  # fmt: skip
+        claim = {"claim": row.get("claim", ""), "quantity": row["quantity"], "row": row.get("row", "")}
+        claims.append(claim | {"low": low, "high": high})
     return claims
 
 
