@@ -65,3 +65,17 @@ def _embedded_mlflow_stores_from_one_migration(tmp_path_factory: pytest.TempPath
     utils._initialize_tables = initialize_tables
     yield
     utils._initialize_tables = real
+
+
+@pytest.fixture(autouse=True)
+def _torch_deterministic_flag_restored():
+    """Each test starts with torch's deterministic-algorithms flag as the session had it: a run trained
+    in-process with `train.deterministic` turns it on (Lightning does not turn it back off), and a later
+    test on the same worker would otherwise run its kernels under it (the `triton` backend's backward,
+    for one, takes its deterministic path then)."""
+    import torch
+
+    flag = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    torch.use_deterministic_algorithms(flag, warn_only=warn_only)
