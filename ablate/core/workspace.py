@@ -8,6 +8,7 @@ ask this value where things go instead of joining folder names to a loose path:
     <root>/cache/tokens/<tokenizer>-<key>/    a corpus tokenised once (ablate.data.tokens)
     <root>/cache/tokenizers/<file>.json       a trained BPE (ablate.data.tokenizers)
     <root>/cache/attention_choices.json       `auto`'s measured attention per card and shape (ablate.train.attention_choice)
+    <root>/cache/kernels/                     the `triton` kernels' measured launch configurations (ablate.model.kernels)
     <root>/logs/                              local workers' output (ablate.sweep.local)
     <root>/slurm/                             submitit's scripts and logs (ablate.sweep.slurm)
     <root>/mlflow.db, <root>/artifacts/       the embedded MLflow store (ablate.store)
@@ -59,6 +60,10 @@ class Workspace:
     @property
     def attention_choices(self) -> Path:
         return self.root / "cache" / "attention_choices.json"
+
+    @property
+    def kernel_configs(self) -> Path:
+        return self.root / "cache" / "kernels"
 
     @property
     def logs(self) -> Path:

@@ -18,6 +18,7 @@ import torch
 
 from ablate.core.workspace import Workspace
 from ablate.hardware.allocator import tune_glibc_malloc
+from ablate.model import kernels
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import RunSpec
 from ablate.store import tracking
@@ -60,11 +61,8 @@ def _train_run(run: RunSpec, stores: Stores, options: TrainOptions) -> TrainResu
     """Global rank 0: the run's MLflow record around its training, and its result."""
     folder = run_dir(stores.workspace, run)
     client = stores.client()
-    where = trainer.placement(run.train, run.model)
+    where, choice = _placed(run, stores.workspace)
     print(f"precision: {where.precision} ({where.reason})", flush=True)
-    choice = attention_choice.choose_attention(
-        run.model, run.train, where.device, where.precision, stores.workspace.attention_choices
-    )
     tags = {
         **records.run_tags(run, where),
         **(choice.tags() if choice else {}),
@@ -99,11 +97,19 @@ def _train_run(run: RunSpec, stores: Stores, options: TrainOptions) -> TrainResu
 def train_rank(run: RunSpec, *, workspace: Workspace) -> TrainResult:
     """A rank other than global rank 0 of a multi-device run: the same training, no MLflow, no files."""
     data = load_data(run, workspace)
+    where, choice = _placed(run, workspace)  # rank 0's choice where it measured first (the cache)
+    return _train(run, data, run_dir(workspace, run), workspace, where, None, False, [], choice)
+
+
+def _placed(run: RunSpec, workspace: Workspace) -> tuple[trainer.Placement, attention_choice.Choice | None]:
+    """Where the run trains (device, precision) and, for `auto` on CUDA, the attention measured there;
+    what the model's kernels measure (the `triton` launch configurations) is kept in the workspace."""
+    kernels.remember_in(workspace.kernel_configs)
     where = trainer.placement(run.train, run.model)
-    choice = attention_choice.choose_attention(  # rank 0's choice where it measured first (the cache)
+    choice = attention_choice.choose_attention(
         run.model, run.train, where.device, where.precision, workspace.attention_choices
     )
-    return _train(run, data, run_dir(workspace, run), workspace, where, None, False, [], choice)
+    return where, choice
 
 
 def _train(

@@ -6,7 +6,8 @@ Each of the three tiled kernels (`forward`, `backward_kv`: dK/dV and the single 
 dtype and V's width; on CUDA every candidate is timed once on the call's own inputs, per kernel, length
 bucket (the next power of two, 512 to 16,384 tokens) and compute capability, and the fastest kept: in a
 dict for the process and, when the chooser has a cache folder, in a JSON file there (`triton_configs.json`,
-with the timings it chose by), read before timing anything. Under Triton's interpreter (CPU tensors) one
+with the timings it chose by), read before timing anything: a training run gives it its workspace's
+(`remember_in`, through ablate.model.kernels), so one card and shape are timed once per workspace. Under Triton's interpreter (CPU tensors) one
 fixed configuration: the interpreter takes no launch options and its times say nothing about a GPU.
 
 Why our own and not `triton.autotune`: its key is a list of the kernel's arguments (no length bucket,
@@ -17,11 +18,12 @@ be zeroed around every trial by argument name, and a CPU test cannot drive it; h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import torch
@@ -139,31 +141,47 @@ class Chooser:
         best = min(times, key=times.__getitem__)
         self.chosen[name] = best
         self.timings[name] = {_label(c): t for c, t in times.items()}
-        self._store(name)
+        with contextlib.suppress(OSError):  # an unwritable folder costs a re-measurement, nothing else
+            self._store()
         return best
 
     def _load(self) -> None:
         self._read = True
-        if self.folder is None or not (self.folder / FILE).is_file():
-            return
-        for name, entry in json.loads((self.folder / FILE).read_text()).items():
-            self.chosen.setdefault(name, Config(*entry["config"]))
-            self.timings.setdefault(name, entry.get("ms", {}))
+        for name, (config, ms) in _stored(self.folder).items():
+            self.chosen.setdefault(name, config)
+            self.timings.setdefault(name, ms)
 
-    def _store(self, name: str) -> None:
+    def _store(self) -> None:
+        """Every choice of this process into the folder's file, beside another process's there."""
         if self.folder is None:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / FILE
-        entries = json.loads(path.read_text()) if path.is_file() else {}  # another process's choices too
-        config = self.chosen[name]
-        entries[name] = {
-            "config": [config.block_m, config.block_n, config.num_warps, config.num_stages],
-            "ms": self.timings[name],
+        entries = _stored(self.folder) | {
+            name: (c, self.timings.get(name, {})) for name, c in self.chosen.items()
         }
+        text = {name: {"config": list(astuple(c)), "ms": ms} for name, (c, ms) in entries.items()}
+        path = self.folder / FILE
         partial = path.with_name(f"{FILE}.{os.getpid()}")
-        partial.write_text(json.dumps(entries, indent=1, sort_keys=True))
+        partial.write_text(json.dumps(text, indent=1, sort_keys=True))
         partial.replace(path)
+
+
+def _stored(folder: Path | None) -> dict[str, tuple[Config, dict]]:
+    """The folder's file: each readable entry's configuration and timings (a damaged file or entry reads as
+    absent: measured again and rewritten)."""
+    try:
+        entries = json.loads((folder / FILE).read_text()) if folder is not None else {}
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(entries, dict):
+        return {}
+    stored = {}
+    for name, entry in entries.items():
+        try:
+            stored[name] = (Config(*(int(n) for n in entry["config"])), dict(entry.get("ms", {})))
+        except (TypeError, KeyError, ValueError, AttributeError):
+            continue
+    return stored
 
 
 def _label(config: Config) -> str:
@@ -180,8 +198,21 @@ _chooser = Chooser()
 
 
 def chooser() -> Chooser:
-    """The process's chooser (its choices last as long as the process; no folder unless `use` set one)."""
+    """The process's chooser (its choices last as long as the process; no folder unless `remember_in` or
+    `use` set one)."""
     return _chooser
+
+
+def remember_in(folder: str | Path) -> None:
+    """Keep the process's choices in `folder` too (a training run: its workspace's cache), with the same
+    timer; a choice already made in this process is stored there when the next one is."""
+    current = chooser()
+    if current.folder == Path(folder):
+        return
+    new = Chooser(timer=current.timer, folder=folder)
+    new.chosen.update(current.chosen)
+    new.timings.update(current.timings)
+    use(new)
 
 
 def use(new: Chooser) -> Chooser:

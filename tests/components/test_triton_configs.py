@@ -132,3 +132,42 @@ def test_the_interpreter_takes_its_fixed_configuration_untimed():
         assert triton_configs.chooser().chosen == {}
     finally:
         triton_configs.use(previous)
+
+
+def test_remember_in_keeps_the_choices_made_and_stores_every_one_in_the_folder(tmp_path):
+    """A run hands the process's chooser its workspace's folder: choices made before stay, the timer
+    stays, and the next choice writes them all there, where another process reads them untimed."""
+    timer = FakeTimer(lambda c: float(c.block_m))
+    previous = triton_configs.use(Chooser(timer=timer))
+    try:
+        before = triton_configs.chooser().choose(key(), launched)
+        triton_configs.remember_in(tmp_path)
+        assert triton_configs.chooser().timer is timer and triton_configs.chooser().folder == tmp_path
+        assert triton_configs.chooser().choose(key(), launched) == before and timer.calls == 5
+        after = triton_configs.chooser().choose(key(kernel="backward_kv"), launched)
+        stored = json.loads((tmp_path / triton_configs.FILE).read_text())
+        assert set(stored) == {key().name(), key(kernel="backward_kv").name()}
+
+        def no_timing(run):
+            raise AssertionError("timed again")
+
+        elsewhere = Chooser(timer=no_timing, folder=tmp_path)
+        assert (elsewhere.choose(key(), launched), elsewhere.choose(key(kernel="backward_kv"), launched)) == (
+            before,
+            after,
+        )
+    finally:
+        triton_configs.use(previous)
+
+
+@pytest.mark.parametrize(
+    "text", ["{not json", "[1, 2]", '{"x": {"config": [64]}}', '{"x": {"config": ["a", 1, 1, 1]}}']
+)
+def test_a_damaged_file_is_measured_again_and_rewritten(tmp_path, text):
+    (tmp_path / triton_configs.FILE).write_text(text)
+    timer = FakeTimer(lambda c: float(c.block_m))
+    chosen = Chooser(timer=timer, folder=tmp_path).choose(key(), launched)
+    assert timer.calls == 5 and chosen.block_m == min(
+        c.block_m for c in candidates("forward", torch.bfloat16, 128)
+    )
+    assert list(json.loads((tmp_path / triton_configs.FILE).read_text())) == [key().name()]

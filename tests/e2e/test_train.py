@@ -13,11 +13,13 @@ from crash_callback import CrashAt
 from mini_project import write_recipe
 
 from ablate.cli import main
+from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import load_recipe
 from ablate.store import tracking
 from ablate.store.stores import Stores
 from ablate.train.loop import train_run
 from ablate.train.module import lr_factor
+from components.attention import triton_configs
 
 
 def _run(recipe_path: Path, variant: str, overrides=(), seed: int = 0):
@@ -44,7 +46,13 @@ class FirstBatch(L.Callback):
 
 def test_run_records_metrics_params_tags_and_recipe(mini_recipe, tmp_path):
     workspace = tmp_path / "ws"
-    result = train_run(_run(mini_recipe, "diff"), Stores(workspace), progress=False)
+    previous = triton_configs.chooser()
+    try:
+        result = train_run(_run(mini_recipe, "diff"), Stores(workspace), progress=False)
+        # the `triton` kernels' launch configurations measured in this process are kept in the workspace
+        assert triton_configs.chooser().folder == Workspace(workspace).kernel_configs
+    finally:
+        triton_configs.use(previous)
     assert result.steps == 8 and np.isfinite(result.val_loss)
     client = _client(workspace)
     (experiment,) = [e for e in client.search_experiments() if e.name == "mini"]
