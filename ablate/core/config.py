@@ -222,7 +222,7 @@ def describe(hint: Any) -> str:
     if origin is list and args and _is_spec(args[0]):
         return "a list of names or mappings"
     if origin is Literal:
-        return "one of " + ", ".join(map(str, args))
+        return str(args[0]) if len(args) == 1 else "one of " + ", ".join(map(str, args))
     if origin in (typing.Union, types.UnionType):
         if type(None) in args and _is_spec(
             functools.reduce(operator.or_, [a for a in args if a is not type(None)])
@@ -249,7 +249,8 @@ def _strict(hint: Any, value: Any) -> bool:
         if typing.get_origin(hint) in (typing.Union, types.UnionType)
         else [hint]
     )
-    if bool in plain and isinstance(value, str):
+    literal = any(typing.get_origin(a) is Literal and value in typing.get_args(a) for a in plain)
+    if bool in plain and isinstance(value, str) and not literal:  # `compile: auto` is a Literal's, not a bool
         return False
     if (
         isinstance(value, bool)

@@ -63,7 +63,7 @@ from ablate.model.config import MODEL_KEYS_ADDED_LATER, ModelConfig
 from ablate.probes.config import EvalConfig
 from ablate.recipe.budgets import Budgets, budget_steps
 from ablate.recipe.matching import Tolerance, solve_matches
-from ablate.train.config import TRAIN_KEYS_ADDED_LATER, TrainConfig
+from ablate.train.config import TRAIN_KEYS_ADDED_LATER, TRAIN_VALUES_KEYED_AS, TrainConfig
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECTIONS = ("model", "train", "data")
@@ -243,10 +243,10 @@ class RunSpec:
         """The hash behind `key`, with the `train` keys in `without` left out (`stable_key`: runs that
         differ only in their length share their stable phase)."""
         train = {
-            k: v
+            k: TRAIN_VALUES_KEYED_AS[k].get(v, v) if k in TRAIN_VALUES_KEYED_AS else v
             for k, v in self.config["train"].items()
             if k not in without and (k not in TRAIN_KEYS_ADDED_LATER or v != TRAIN_KEYS_ADDED_LATER[k])
-        }  # keys added later count only away from their defaults (ablate.train.config.TRAIN_KEYS_ADDED_LATER)
+        }  # keys added later count only away from their defaults, a new default as the old (ablate.train.config)
         data = {  # repeat: a permission, not the data; keys added later count only away from earlier runs' value
             k: v
             for k, v in self.config["data"].items()

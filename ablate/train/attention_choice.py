@@ -1,20 +1,23 @@
-"""`attention_backend: auto` on CUDA decided by measuring what it decides: each candidate core (cuDNN,
-flash, efficient, the fused `triton` kernel), eager and, where the run asks for `train.compile`, under
-`torch.compile` too, timed as the run's whole training step, once per device and step shape; the fastest
-trains.
+"""What a CUDA run trains on, decided by measuring what it decides: for `attention_backend: auto`, each
+candidate core (cuDNN, flash, efficient, the fused `triton` kernel); for `train.compile: auto` (the
+default), eager and under `torch.compile`; each candidate timed as the run's whole training step, once per
+device and step shape; the fastest trains.
 
 On the H200 `auto`'s rule resolved both arms to `sdpa_flash`, while cuDNN ran both cores 1.4-1.6x faster
-(the device check's `a_timing.csv`): a rule written before a card runs is a guess, so CUDA runs measure.
-The timings are cached in the workspace (`Workspace.attention_choices`, one JSON file, keyed by the card,
-its compute capability, torch's version, the precision and the step's shape), so a sweep's runs of one
-shape measure once; every run records the choice and every candidate's milliseconds in its tags
-(`ablate.attention_choice`, `ablate.attention_timings_ms`). The run's identity keeps `auto` (the recipe's
-value): the choice changes the kernel, not the run.
+(the device check's `a_timing.csv`), and compiling ran Diff at the eager Transformer's speed: a rule
+written before a card runs is a guess, so CUDA runs measure. The timings are cached in the workspace
+(`Workspace.attention_choices`, one JSON file, keyed by the card, its compute capability, torch's
+version, the precision and the step's shape), so a sweep's runs of one shape measure once; every run
+records the choice and every candidate's milliseconds in its tags (`ablate.attention_choice`,
+`ablate.attention_timings_ms`). The run's identity keeps `auto` (the recipe's value): the choice changes
+the kernels, not the run.
 
-CPU runs keep `auto`'s rule (components/attention/backends.py), and an explicit backend is never
-second-guessed. `timer` is the seam: tests inject timings on a CPU and drive the choice, the cache and
-the record; the real timer (`time_candidate`) runs on CUDA only. A candidate that cannot run there (no
-kernel for the width, no Triton) times as None and is left out.
+Off CUDA nothing is timed: `auto`'s attention is its rule (components/attention/backends.py) and
+`compile: auto` trains eager (`training_config`). An explicit backend is never second-guessed, and
+neither is `compile: false`; `compile: true` with `auto`'s attention times compiled and eager alike (a
+compiled run trains eager where that measured faster). `timer` is the seam: tests inject timings on a
+CPU and drive the choice, the cache and the record; the real timer (`time_candidate`) runs on CUDA only.
+A candidate that cannot run there (no kernel for the width, no Triton) times as None and is left out.
 """
 
 from __future__ import annotations
@@ -35,13 +38,16 @@ from ablate.train.config import TrainConfig
 BACKENDS = ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "triton")
 
 
-def candidates(compile: bool) -> tuple[tuple[str, bool], ...]:
-    """(backend, compiled) pairs timed: every backend eager, and compiled too where the run asks for
-    `train.compile` (a cold compile of the whole model costs about 20 s a candidate on an H200, so a run
-    that did not ask for it does not pay four); a compiled run trains eager where that measured faster."""
-    return tuple(
-        (backend, compiled) for compiled in ((False, True) if compile else (False,)) for backend in BACKENDS
-    )
+def candidates(model: ModelConfig, compile: bool | str) -> tuple[tuple[str, bool], ...]:
+    """(backend, compiled) pairs timed: every backend for `auto`'s attention, else the run's own; eager,
+    and compiled too where `compile` is `auto`, or `true` beside `auto`'s attention (a cold compile of the
+    whole model costs about 20 s a candidate on an H200, so `compile: false` does not pay for them)."""
+    backends = BACKENDS if model.attention_backend == "auto" else (model.attention_backend,)
+    if compile == "auto" or (compile is True and model.attention_backend == "auto"):
+        compiled: tuple[bool, ...] = (False, True)
+    else:
+        compiled = (compile is True,)
+    return tuple((backend, c) for c in compiled for backend in backends)
 
 
 STEP_REPEATS = 3  # timed steps per candidate, the fastest counts, after warm-up (a compile's included)
@@ -80,6 +86,12 @@ class Choice:
         }
 
 
+def training_config(train: TrainConfig, choice: Choice | None) -> TrainConfig:
+    """The run's `train:` as it trains: compiled as `choice` measured, else as it asks (`compile: auto`
+    with nothing measured, i.e. off CUDA: eager)."""
+    return choice.train(train) if choice else replace(train, compile=train.compile is True)
+
+
 def cuda_device_key(device: str = "cuda") -> str:
     """The card, its compute capability and torch's version: what a candidate's speed depends on beside
     the shape."""
@@ -110,9 +122,9 @@ def time_candidate(
         torch.cuda.empty_cache()
 
 
-def decides(model: ModelConfig, device: str) -> bool:
-    """Whether the choice is measured: `auto` on CUDA."""
-    return model.attention_backend == "auto" and device.split(":", 1)[0] == "cuda"
+def decides(model: ModelConfig, train: TrainConfig, device: str) -> bool:
+    """Whether the choice is measured: on CUDA, between more than one candidate."""
+    return device.split(":", 1)[0] == "cuda" and len(candidates(model, train.compile)) > 1
 
 
 def choose_attention(
@@ -128,7 +140,7 @@ def choose_attention(
     """The fastest candidate for `model`'s step on `device` (None: not decided here, or nothing ran),
     from `cache` (a JSON file) where this card and shape were measured before, else measured and
     cached."""
-    if not decides(model, device):
+    if not decides(model, train, device):
         return None
     shape = f"{astuple(model)}|seq={train.seq_len}|batch={train.micro_batch_size}|{precision}|compile={train.compile}"
     key = f"{device_key or cuda_device_key(device)}|{shape}"
@@ -142,7 +154,7 @@ def choose_attention(
         timings = {
             name(b, c): timer(replace(model, attention_backend=b), train.seq_len, train.micro_batch_size,
                               precision, device, c)
-            for b, c in candidates(train.compile)
+            for b, c in candidates(model, train.compile)
         }  # fmt: skip
         with contextlib.suppress(OSError):  # an unwritable cache costs a re-measurement, nothing else
             cache.parent.mkdir(parents=True, exist_ok=True)
@@ -151,7 +163,7 @@ def choose_attention(
             partial.replace(cache)
     ran = [
         (seconds, b, c)
-        for b, c in candidates(train.compile)
+        for b, c in candidates(model, train.compile)
         if (seconds := timings.get(name(b, c))) is not None
     ]
     if not ran:

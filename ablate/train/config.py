@@ -46,7 +46,9 @@ class TrainConfig:
         val_every: optimizer steps between validations (and checkpoints)
         val_batches: micro-batches in the fixed held-out set
         log_every: optimizer steps between logged training metrics
-        compile: run the model under torch.compile
+        compile: run the model under torch.compile: true, false, or auto (on CUDA, compiled where one timed
+            step says it is faster, ablate.train.attention_choice; elsewhere eager: on a CPU a cold
+            compile costs more than a short run saves, benchmarks/NOTES.md)
         deterministic: ask PyTorch for deterministic kernels
         accelerator: Lightning accelerator (auto, cpu, gpu, ...)
         devices: devices per node (several: DDP, started by ablate itself)
@@ -74,7 +76,7 @@ class TrainConfig:
     val_every: int = 1000  # optimizer steps between validations (and checkpoints)
     val_batches: int = 16  # micro-batches in the fixed held-out set
     log_every: int = 10
-    compile: bool = False
+    compile: bool | Literal["auto"] = "auto"
     deterministic: bool = False
     accelerator: str = "auto"
     devices: int = 1
@@ -157,3 +159,8 @@ class TrainConfig:
 # Train keys added after runs were first keyed, with their defaults: a run at the defaults hashes as before
 # (ablate.recipe.resolve.RunSpec.key), so studies made before the key existed keep their run keys.
 TRAIN_KEYS_ADDED_LATER = {"schedule": "linear", "cooldown_fraction": 0.2, "cooldown_shape": "linear"}
+
+# A value that took an earlier default's place is keyed as that default: `compile: auto` (the default since
+# it replaced `false`) keys as `false`, so runs made before keep their keys. It names how the run is
+# computed, not which run it is, as `attention_backend: auto` does.
+TRAIN_VALUES_KEYED_AS = {"compile": {"auto": False}}

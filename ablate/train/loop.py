@@ -84,7 +84,9 @@ def _train_run(run: RunSpec, stores: Stores, options: TrainOptions) -> TrainResu
         result = _train(
             run, data, folder, stores.workspace, where, sink, options.get("progress", True), callbacks, choice
         )
-        records.log_final_metrics(sink, result, compiled=choice.compiled if choice else run.train.compile)
+        records.log_final_metrics(
+            sink, result, compiled=attention_choice.training_config(run.train, choice).compile
+        )
     except Diverged as e:
         records.mark_failed(client, run_id, str(e))
         raise
@@ -128,7 +130,7 @@ def _train(
     from ablate.data.tasks import Task
     from ablate.train.training_clock import TrainingClock
 
-    cfg = choice.train(run.train) if choice else run.train
+    cfg = attention_choice.training_config(run.train, choice)
     trainer.quiet_lightning()
     tune_glibc_malloc()  # ~8-10% faster steps: activations are not unmapped and faulted in every step
     if cfg.deterministic:

@@ -89,7 +89,7 @@ class LMModule(L.LightningModule):
         self._grad_norm = float("nan")
         self._clock = (time.perf_counter(), 0)
         self._val: dict[str, torch.Tensor] = {}
-        self.compiled = torch.compile(model) if cfg.compile else model
+        self.compiled = torch.compile(model) if cfg.compile is True else model  # `auto`: decided before
         self._compile_clock = (compile_seconds(), compile_seconds())  # (at start, at the last log)
 
     # --- training -------------------------------------------------------------------------------
@@ -148,7 +148,7 @@ class LMModule(L.LightningModule):
             if seconds > 0
             else float("nan"),
         }
-        if self.cfg.compile:
+        if self.cfg.compile is True:
             metrics["compile_s"] = compiled - self._compile_clock[0]
         self.sink(metrics, step)
 

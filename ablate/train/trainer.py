@@ -97,7 +97,7 @@ def assemble(
         enable_version_counter=False,
     )
     shown = progress and rank == 0
-    line = [StepProgress(cfg.batch_tokens, compile_clock=compile_seconds if cfg.compile else None)]
+    line = [StepProgress(cfg.batch_tokens, compile_clock=compile_seconds if cfg.compile is True else None)]
     return L.Trainer(
         accelerator=where.device,  # the device the precision and the recorded tags were decided for
         devices=cfg.devices,

@@ -115,8 +115,9 @@ def write_recipe(path: Path, *, dry: bool, device: str, corpus: Path | None = No
     train_small = {
         "model": small["model"],
         "data": small["data"],
-        "train": {**small["train"], "steps": 100, "batch_tokens": 32768, "warmup_steps": 10,
-                  "val_every": 100, "val_batches": 8, "log_every": 10, "precision": "bf16-mixed"},
+        "train": {**small["train"], "steps": 60, "batch_tokens": 32768, "warmup_steps": 10,
+                  "val_every": 60, "val_batches": 8, "log_every": 10, "precision": "bf16-mixed",
+                  "compile": False},  # `auto`'s 4 eager candidates, as its box was measured; x compiles
     }  # fmt: skip
     budgets = {
         **{k: v for k, v in tokens.items() if k not in ("variants", "purpose")},
@@ -135,6 +136,10 @@ def write_recipe(path: Path, *, dry: bool, device: str, corpus: Path | None = No
     compiled = copy.deepcopy(train_small)  # part e: the same run under torch.compile, fewer steps
     compiled["train"] |= {"compile": True, "steps": 2 if dry else 40, "warmup_steps": 1 if dry else 4}
     compiled["train"] |= {"val_every": compiled["train"]["steps"], "val_batches": 2}
+    # one backend, so the run compiles once and times no candidates (`auto` would time 8, 4 compiled)
+    compiled["model"] = (
+        {**compiled["model"], "attention_backend": "sdpa_cudnn"} if not dry else compiled["model"]
+    )
     recipe["scales"] = {"train-small": train_small, "train-compile": compiled, "budgets": budgets}
     recipe["default_scale"] = "train-small"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True))

@@ -1,5 +1,6 @@
-"""`attention_backend: auto` on CUDA: every candidate (backend x compiled) timed once per card and shape,
-the fastest kept, cached in the workspace (a real file) and recorded in the run's tags. Driven on a CPU
+"""`attention_backend: auto` and `train.compile: auto` on CUDA: every candidate (backend x compiled) timed
+once per card and shape, the fastest kept, cached in the workspace (a real file) and recorded in the run's
+tags; off CUDA `compile: auto` trains eager. Driven on a CPU
 through the timer seam with injected timings; the real timer runs on CUDA only."""
 
 from __future__ import annotations
@@ -7,10 +8,12 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
+
 from ablate.core.workspace import Workspace
 from ablate.model.config import ModelConfig
 from ablate.model.decoder import build_model
-from ablate.train.attention_choice import BACKENDS, choose_attention
+from ablate.train.attention_choice import BACKENDS, choose_attention, training_config
 from ablate.train.config import TrainConfig
 
 MODEL = ModelConfig(vocab_size=64, d_model=16, n_layers=1, head_dim=8)
@@ -103,3 +106,42 @@ def test_cpu_runs_and_explicit_backends_are_not_second_guessed(tmp_path):
     assert choose(timer, tmp_path / "c.json", device="cpu") is None
     assert choose(timer, tmp_path / "c.json", model=replace(MODEL, attention_backend="sdpa_flash")) is None
     assert timer.calls == [] and not (tmp_path / "c.json").exists()
+
+
+def test_compile_auto_times_eager_and_compiled_of_an_explicit_backend(tmp_path):
+    """The default `compile: auto` on CUDA: the run's own backend, eager and compiled; the faster trains."""
+    timer = Timings(everything(sdpa_cudnn__compiled=0.030, sdpa_flash__compiled=0.001))
+    cudnn = replace(MODEL, attention_backend="sdpa_cudnn")
+    choice = choose(timer, tmp_path / "c.json", model=cudnn, train=replace(TRAIN, compile="auto"))
+    assert sorted((b, c) for b, c, *_ in timer.calls) == [("sdpa_cudnn", False), ("sdpa_cudnn", True)]
+    assert (choice.backend, choice.compiled) == ("sdpa_cudnn", True)
+    assert training_config(TrainConfig(**{**TRAIN.__dict__, "compile": "auto"}), choice).compile is True
+    slower = Timings(everything(sdpa_cudnn=0.020, sdpa_cudnn__compiled=0.030))
+    choice = choose(slower, tmp_path / "d.json", model=cudnn, train=replace(TRAIN, compile="auto"))
+    assert (choice.backend, choice.compiled) == ("sdpa_cudnn", False)  # compiling measured slower: eager
+    both = Timings(everything(triton__compiled=0.010))
+    choice = choose(both, tmp_path / "e.json", train=replace(TRAIN, compile="auto"))
+    assert len(both.calls) == 8 and (choice.backend, choice.compiled) == ("triton", True)
+
+
+def test_compile_auto_off_cuda_and_compile_false_train_eager_untimed(tmp_path):
+    timer = Timings(everything())
+    auto = replace(TRAIN, compile="auto")
+    assert TrainConfig(seq_len=32, micro_batch_size=2, batch_tokens=512, steps=4, lr=1e-3).compile == "auto"
+    assert choose(timer, tmp_path / "c.json", train=auto, device="cpu") is None
+    assert training_config(auto, None).compile is False and training_config(TRAIN, None).compile is True
+    explicit = replace(MODEL, attention_backend="sdpa_flash")
+    assert choose(timer, tmp_path / "c.json", model=explicit, train=replace(TRAIN, compile=False)) is None
+    assert timer.calls == []
+
+
+def test_compile_takes_true_false_or_auto_and_says_so_otherwise():
+    from ablate.core.config import load_section
+    from ablate.core.errors import UserError
+
+    raw = {"seq_len": 8, "batch_tokens": 16, "micro_batch_size": 2, "steps": 1, "lr": 1e-3}
+    for value in (True, False, "auto"):
+        assert load_section(TrainConfig, {**raw, "compile": value}, "train").compile == value
+    for value in ("yes", 1, "Auto"):
+        with pytest.raises(UserError, match=r"^train\.compile: expected bool or auto, got "):
+            load_section(TrainConfig, {**raw, "compile": value}, "train")

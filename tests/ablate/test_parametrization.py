@@ -340,10 +340,13 @@ def test_a_standard_run_keeps_its_key():
         "config": {
             **run.config,
             "model": old_model,
-            "train": {
-                k: v
-                for k, v in run.config["train"].items()
-                if k not in ("schedule", "cooldown_fraction", "cooldown_shape")
+            "train": {  # before `compile: auto` became the default, its default `false` was keyed
+                **{
+                    k: v
+                    for k, v in run.config["train"].items()
+                    if k not in ("schedule", "cooldown_fraction", "cooldown_shape")
+                },
+                "compile": False,
             },
             "data": {k: v for k, v in run.config["data"].items() if k != "repeat"},
         },
@@ -352,6 +355,9 @@ def test_a_standard_run_keeps_its_key():
     assert run.key == old_key
     mup = {**raw, "model": {**raw["model"], "parametrization": {"name": "mup", "base_d_model": 16}}}
     assert RunSpec.from_json(mup).key != old_key
+    assert run.config["train"]["compile"] == "auto"
+    assert RunSpec.from_json({**raw, "train": {**raw["train"], "compile": False}}).key == old_key
+    assert RunSpec.from_json({**raw, "train": {**raw["train"], "compile": True}}).key != old_key
 
 
 def test_mup_parses_once_and_builds_its_base_model_once(monkeypatch):
