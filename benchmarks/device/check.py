@@ -82,22 +82,27 @@ class Part(NamedTuple):
 # H200 (reports/gpu-h200/parts.csv and rerun/parts.csv): a 22-25, b 31, c 95 for 150 + 130 steps (about 22 s
 # a variant's start, 0.15 s a Transformer step, 0.22 s a Diff step; c now also measures `auto`'s attention,
 # ablate.train.attention_choice: 4 eager candidates of 5 steps, Triton's first compile, about 12 s a
-# variant), e 70 (Diff's cold compile 18.4 s, its training graph), t 43. w: three `ablate bench` runs of
+# variant; and the `triton` candidate's first steps choose its launch configurations: 5 candidates for the
+# forward and for the single-pass backward per arm, 8 more Triton compiles than before, assumed about 10 s an
+# arm, kept in the workspace for every later part: KERNEL_CHOICE_S), e 70 (Diff's cold compile 18.4 s, its
+# training graph), t 43. w: three `ablate bench` runs of
 # both arms at one length (b's 31 s were three lengths and three rounds): about 15 s each. x: the same under
 # torch.compile, two cold compiles of 18.4 s each a path (part e's, the Transformer's assumed alike).
+KERNEL_CHOICE_S = 10  # an arm's `triton` launch choices in part c, assumed (8 Triton compiles, 10 timings)
 PARTS = {
-    "a": Part("attention kernels against float64", "kernels:main", 30, False,
+    "a": Part("attention kernels against float64", "kernels:main", 28, False,
               "88 checks of 2 kinds x 11 backends x 2 dtypes x 2 kv-head counts; 2 x 8 timings", 25),
     "b": Part("`ablate bench`, `small`, seq 1024-4096", "runs:bench", 35, False,
               "2 variants x 3 lengths x 3 rounds of 16,384 tokens", 31),
-    "c": Part("`ablate train`, `small`, bf16-mixed", "runs:train", 125, True,
-              "2 variants: `auto`'s attention measured (4 eager candidates), then 100 steps of 32,768 tokens",
-              2 * 22 + 15 + 22 + 15 + 2 * 12),
+    "c": Part("`ablate train`, `small`, bf16-mixed", "runs:train", 128, True,
+              "2 variants: `auto`'s attention measured (4 eager candidates, the `triton` kernel's launches "
+              "chosen), then 60 steps of 32,768 tokens",
+              2 * 22 + 60 * (0.15 + 0.22) + 15 + 2 * (12 + KERNEL_CHOICE_S)),
     "t": Part("the fused Triton differential attention (backend `triton`)", "diff_kernel:main", 48, False,
               "8 checks against float64; 4 arms x 4 lengths (1024-8192) x 5 rounds of 16,384 tokens", 43),
     "w": Part("the whole `small` model, eager, on each path", "paths:eager", 50, False,
               "2 arms x 3 backends (`auto`, `sdpa_cudnn`, `triton`) at 2,048 x 2 rounds of 16,384 tokens", 45),
-    "p": Part("one profiled training step per arm (`torch.profiler`)", "profile_step:main", 25, False,
+    "p": Part("one profiled training step per arm (`torch.profiler`)", "profile_step:main", 22, False,
               "2 arms: 3 warm-up steps, 1 profiled; the top kernels and their share of the step", 20),
     "x": Part("the whole `small` model under `torch.compile`, on each path", "paths:compiled", None, False,
               "2 arms x 3 backends compiled (6 cold compiles) at 2,048 x 2 rounds of 16,384 tokens", 3 * (15 + 2 * 18.4)),
@@ -303,11 +308,22 @@ def record(out: Path, row: dict) -> None:
 
 
 def keep_stores(out: Path, workspace: Path) -> None:
-    """Copy MLflow's and Optuna's stores into `out/stores` (after every part: a lease cut keeps them)."""
+    """Copy MLflow's and Optuna's stores into `out/stores` (after every part: a lease cut keeps them), and
+    the `triton` kernels' launch configurations chosen so far, with the timings they were chosen by."""
     stores = out / "stores"
     stores.mkdir(exist_ok=True)
-    for store in [*workspace.glob("*.db"), *workspace.glob("*.journal")]:
+    for store in [
+        *workspace.glob("*.db"),
+        *workspace.glob("*.journal"),
+        *kernel_cache(workspace).glob("*.json"),
+    ]:
         shutil.copy2(store, stores / store.name)
+
+
+def kernel_cache(workspace: Path) -> Path:
+    """The one folder every part's process keeps the kernels' launch choices in (ABLATE_KERNEL_CACHE, the
+    workspace's own, where `ablate train` keeps them), so a card and shape are timed once in the check."""
+    return workspace / "cache" / "kernels"
 
 
 def visible(device: str) -> str:
@@ -363,7 +379,7 @@ def main() -> None:
     if args.part:
         return child(args.part, out, workspace, args)
     started = time.monotonic()
-    os.environ.update(QUIET)
+    os.environ.update(QUIET | {"ABLATE_KERNEL_CACHE": str(kernel_cache(workspace))})
     device = visible(args.device)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     from summary import write_readme  # benchmarks/device/summary.py: stdlib only

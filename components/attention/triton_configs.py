@@ -7,7 +7,8 @@ dtype and V's width; on CUDA every candidate is timed once on the call's own inp
 bucket (the next power of two, 512 to 16,384 tokens) and compute capability, and the fastest kept: in a
 dict for the process and, when the chooser has a cache folder, in a JSON file there (`triton_configs.json`,
 with the timings it chose by), read before timing anything: a training run gives it its workspace's
-(`remember_in`, through ablate.model.kernels), so one card and shape are timed once per workspace. Under Triton's interpreter (CPU tensors) one
+(`remember_in`, through ablate.model.kernels), so one card and shape are timed once per workspace; a
+process started with `ABLATE_KERNEL_CACHE` set to a folder keeps them there (`ablate bench`, scripts). Under Triton's interpreter (CPU tensors) one
 fixed configuration: the interpreter takes no launch options and its times say nothing about a GPU.
 
 Why our own and not `triton.autotune`: its key is a list of the kernel's arguments (no length bucket,
@@ -194,7 +195,10 @@ def _out_of_resources(error: Exception) -> bool:
     return isinstance(error, OutOfResources)
 
 
-_chooser = Chooser()
+# A process started with ABLATE_KERNEL_CACHE (a folder) keeps its choices there from its first kernel on:
+# the device check gives every part's process one folder, so a card and shape are timed once in all.
+ENV = "ABLATE_KERNEL_CACHE"
+_chooser = Chooser(folder=os.environ.get(ENV) or None)
 
 
 def chooser() -> Chooser:
