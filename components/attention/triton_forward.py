@@ -1,0 +1,141 @@
+"""The `triton` backend's forward kernel and its tile loop (the math: components/attention/triton_kernels.py,
+which wraps these plain functions for the GPU or Triton's interpreter), and the constants both directions
+read.
+"""
+
+from __future__ import annotations
+
+import triton.language as tl
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # module constants a kernel reads are constexpr
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+# Reductions name their combining functions instead of calling tl.max / tl.sum: those are themselves
+# jit functions, decorated when triton was imported, and a kernel run by the interpreter cannot call the
+# compiled kind (the interpreter recognises these two and reduces with numpy).
+_MAX = tl.standard._elementwise_max
+_SUM = tl.standard._sum_combine
+
+
+def _fwd_tiles(
+    acc1, l1, m1, acc2, l2, m2, q1, q2, k_base, v_base, lo, hi, offs_m,
+    skm, skn, skd, svn, sve, n_ctx, width, v_width, qk_scale,
+    MAPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+    PRECISION: tl.constexpr, DOT: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    # The forward's key tiles from `lo` to `hi`: the online softmax of both maps against each K/V tile.
+    # MASKED: tiles the diagonal (or the sequence's end) crosses; otherwise every entry is visible.
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_e = tl.arange(0, BLOCK_E)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kt_ptrs = k_base + offs_n[None, :] * skn + offs_d[:, None] * skd  # K^T tile (BLOCK_D, BLOCK_N)
+        v_ptrs = v_base + offs_n[:, None] * svn + offs_e[None, :] * sve
+        if MASKED:
+            col_ok = offs_n < n_ctx
+            kt_mask = col_ok[None, :] & (offs_d[:, None] < width)
+            v_mask = col_ok[:, None] & (offs_e[None, :] < v_width)
+        else:
+            kt_mask = offs_d[:, None] < width
+            v_mask = offs_e[None, :] < v_width
+        v_tile = tl.load(v_ptrs, mask=v_mask, other=0.0).to(DOT)
+        k1t = tl.load(kt_ptrs, mask=kt_mask, other=0.0).to(DOT)
+        s1 = tl.dot(q1, k1t, input_precision=PRECISION) * qk_scale
+        if MASKED:
+            visible = (offs_m[:, None] >= offs_n[None, :]) & col_ok[None, :]
+            s1 = tl.where(visible, s1, float("-inf"))
+        m1_new = tl.maximum(m1, tl.reduce(s1, 1, _MAX))
+        p1 = tl.exp2(s1 - m1_new[:, None])
+        alpha1 = tl.exp2(m1 - m1_new)
+        l1 = l1 * alpha1 + tl.reduce(p1, 1, _SUM)
+        acc1 = acc1 * alpha1[:, None] + tl.dot(
+            p1.to(k_base.dtype.element_ty).to(DOT), v_tile, input_precision=PRECISION
+        )
+        m1 = m1_new
+        if MAPS == 2:
+            k2t = tl.load(kt_ptrs + skm, mask=kt_mask, other=0.0).to(DOT)
+            s2 = tl.dot(q2, k2t, input_precision=PRECISION) * qk_scale
+            if MASKED:
+                s2 = tl.where(visible, s2, float("-inf"))
+            m2_new = tl.maximum(m2, tl.reduce(s2, 1, _MAX))
+            p2 = tl.exp2(s2 - m2_new[:, None])
+            alpha2 = tl.exp2(m2 - m2_new)
+            l2 = l2 * alpha2 + tl.reduce(p2, 1, _SUM)
+            acc2 = acc2 * alpha2[:, None] + tl.dot(
+                p2.to(k_base.dtype.element_ty).to(DOT), v_tile, input_precision=PRECISION
+            )
+            m2 = m2_new
+    return acc1, l1, m1, acc2, l2, m2
+
+
+def _fwd(
+    Q, K, V, OUT, O2, LSE, LAM, PRE, INV, W,
+    sqb, sqm, sqh, sqn, sqd,
+    skb, skm, skh, skn, skd,
+    svb, svh, svn, sve,
+    sob, soh, son, soe,
+    heads, reps, n_ctx, width, v_width, scale, eps, factor,
+    MAPS: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // heads
+    head = pid_bh % heads
+    group = head // reps
+    qk_scale = scale * LOG2E  # scores in base 2: exp2 is the cheap one
+    first = pid_m * BLOCK_M
+    offs_m = first + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_e = tl.arange(0, BLOCK_E)
+    row_ok = offs_m < n_ctx
+    q_ptrs = Q + b * sqb + head * sqh + offs_m[:, None] * sqn + offs_d[None, :] * sqd
+    q_mask = row_ok[:, None] & (offs_d[None, :] < width)
+    q1 = tl.load(q_ptrs, mask=q_mask, other=0.0).to(DOT)
+    q2 = q1
+    if MAPS == 2:
+        q2 = tl.load(q_ptrs + sqm, mask=q_mask, other=0.0).to(DOT)
+    m1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l1 = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc1 = tl.full([BLOCK_M, BLOCK_E], 0.0, tl.float32)
+    m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l2 = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc2 = tl.full([BLOCK_M, BLOCK_E], 0.0, tl.float32)
+    k_base = K + b * skb + group * skh
+    v_base = V + b * svb + group * svh
+    # Causal: key tiles up to the block's last row. Those that end at or before its first row are seen
+    # whole by every row (no mask); the rest cross the diagonal (masked, the sequence's end too).
+    whole = (first + 1) // BLOCK_N * BLOCK_N
+    hi = tl.minimum(first + BLOCK_M, n_ctx)
+    acc1, l1, m1, acc2, l2, m2 = _fwd_tiles(
+        acc1, l1, m1, acc2, l2, m2, q1, q2, k_base, v_base, 0, whole, offs_m,
+        skm, skn, skd, svn, sve, n_ctx, width, v_width, qk_scale,
+        MAPS, BLOCK_N, BLOCK_D, BLOCK_E, PRECISION, DOT, False,
+    )  # fmt: skip
+    acc1, l1, m1, acc2, l2, m2 = _fwd_tiles(
+        acc1, l1, m1, acc2, l2, m2, q1, q2, k_base, v_base, whole, hi, offs_m,
+        skm, skn, skd, svn, sve, n_ctx, width, v_width, qk_scale,
+        MAPS, BLOCK_N, BLOCK_D, BLOCK_E, PRECISION, DOT, True,
+    )  # fmt: skip
+    out = acc1 / l1[:, None]
+    o_off = b * sob + head * soh + offs_m[:, None] * son + offs_e[None, :] * soe
+    o_mask = row_ok[:, None] & (offs_e[None, :] < v_width)
+    lse_ptrs = LSE + (b * MAPS * heads + head) * n_ctx + offs_m  # LSE (B, MAPS, h, N) contiguous
+    tl.store(lse_ptrs, (m1 + tl.log2(l1)) * LN2, mask=row_ok)
+    if MAPS == 2:
+        lam = tl.load(LAM)
+        out2 = acc2 / l2[:, None]
+        out = out - lam * out2
+        tl.store(O2 + o_off, out2.to(O2.dtype.element_ty), mask=o_mask)
+        tl.store(lse_ptrs + heads * n_ctx, (m2 + tl.log2(l2)) * LN2, mask=row_ok)
+    if NORM:
+        # Eq. 3's per-head RMSNorm times (1 - λ_init) (`factor`) on the head's whole row, from the output
+        # rounded to the inputs' type as the unfused norm would read it; the rounded output (PRE, out's
+        # layout) and the inverse RMS (INV, (B, h, N) contiguous) are kept for the backward.
+        pre = out.to(OUT.dtype.element_ty)
+        tl.store(PRE + o_off, pre, mask=o_mask)
+        x = pre.to(tl.float32)
+        inv = tl.math.rsqrt(tl.reduce(x * x, 1, _SUM) / v_width + eps)
+        tl.store(INV + pid_bh * n_ctx + offs_m, inv, mask=row_ok)
+        w = tl.load(W + offs_e, mask=offs_e < v_width, other=0.0).to(tl.float32) * factor
+        out = x * inv[:, None] * w[None, :]
+    tl.store(OUT + o_off, out.to(OUT.dtype.element_ty), mask=o_mask)
