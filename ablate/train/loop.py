@@ -104,8 +104,9 @@ def train_rank(run: RunSpec, *, workspace: Workspace) -> TrainResult:
 
 
 def _placed(run: RunSpec, workspace: Workspace) -> tuple[trainer.Placement, attention_choice.Choice | None]:
-    """Where the run trains (device, precision) and, for `auto` on CUDA, the attention measured there;
-    what the model's kernels measure (the `triton` launch configurations) is kept in the workspace."""
+    """Where the run trains (device, precision) and, on CUDA, the attention backend and compiling its
+    `auto`s measured there; what the model's kernels measure (the `triton` launch configurations) is kept
+    in the workspace."""
     kernels.remember_in(workspace.kernel_configs)
     where = trainer.placement(run.train, run.model)
     choice = attention_choice.choose_attention(

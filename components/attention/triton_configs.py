@@ -8,8 +8,9 @@ bucket (the next power of two, 512 to 16,384 tokens) and compute capability, and
 dict for the process and, when the chooser has a cache folder, in a JSON file there (`triton_configs.json`,
 with the timings it chose by), read before timing anything: a training run gives it its workspace's
 (`remember_in`, through ablate.model.kernels), so one card and shape are timed once per workspace; a
-process started with `ABLATE_KERNEL_CACHE` set to a folder keeps them there (`ablate bench`, scripts). Under Triton's interpreter (CPU tensors) one
-fixed configuration: the interpreter takes no launch options and its times say nothing about a GPU.
+process started with `ABLATE_KERNEL_CACHE` set to a folder keeps them there (`ablate bench`, scripts).
+Under Triton's interpreter (CPU tensors) one fixed configuration: the interpreter takes no launch options
+and its times say nothing about a GPU.
 
 Why our own and not `triton.autotune`: its key is a list of the kernel's arguments (no length bucket,
 no capability), its cache lives in the process only, the single pass's float32 dQ buffer would have to
