@@ -187,7 +187,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={folder}/munge.socket
+AuthInfo=socket={folder}/munge.socket,cred_expire=20
 StateSaveLocation={folder}/state
 SlurmdSpoolDir={folder}/spool
 SlurmctldPidFile={folder}/slurmctld.pid
@@ -208,6 +208,11 @@ SchedulerParameters=sched_interval=1
 NodeName={host} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
+
+
+# cred_expire: how long a job's credentials live, and so how long Slurm holds a requeued job before starting
+# it again (120 s by default). Starting it sooner (`scontrol update StartTime=now`) has slurmd refuse it,
+# "Job credential revoked", and the task ends FAILED; 20 s is short for a test and long for a step's launch.
 
 
 @dataclass
