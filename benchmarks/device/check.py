@@ -322,7 +322,9 @@ def keep_stores(out: Path, workspace: Path) -> None:
 
 def kernel_cache(workspace: Path) -> Path:
     """The one folder every part's process keeps the kernels' launch choices in (ABLATE_KERNEL_CACHE, the
-    workspace's own, where `ablate train` keeps them), so a card and shape are timed once in the check."""
+    workspace's own, where `ablate train` keeps them), so a card and shape are timed once in the check.
+    `Workspace.kernel_configs` names it too; this parent runs before the install, so it imports no ablate
+    (tests/e2e/test_device_check.py holds the two to one folder)."""
     return workspace / "cache" / "kernels"
 
 

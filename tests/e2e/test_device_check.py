@@ -70,6 +70,14 @@ def test_a_part_that_fails_or_overruns_is_recorded_and_stopped(tmp_path):
     assert failed["status"] == "failed (exit 3)"
 
 
+def test_every_part_keeps_the_kernels_launch_choices_where_ablate_train_does(tmp_path):
+    """The check's parent names the folder without importing ablate (it runs before the install): the same
+    folder as the workspace's own (`Workspace.kernel_configs`), so part c's runs and the other parts share it."""
+    from ablate.core.workspace import Workspace
+
+    assert load_check().kernel_cache(tmp_path.resolve()) == Workspace(tmp_path).kernel_configs
+
+
 def test_the_plan_never_exceeds_the_budget(monkeypatch):
     check = load_check()
     everything = list(check.PARTS)
