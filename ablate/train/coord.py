@@ -7,7 +7,7 @@ layers; this one reads a `DecoderLM` through forward hooks, whatever components 
 
 Widths: each is a `d_model`; the head width grows with it (head_dim = base head_dim x d_model / base
 d_model, so the head count stays), as the `cpu` sizes of recipes/scaling-size.yaml do; depth stays. The
-optimiser is the training module's (ablate.model.parametrization.param_groups) at a constant lr, no
+optimiser is the run's (ablate.train.optimizer.adamw: its parameter groups) at a constant lr, no
 warmup and no clipping: the first steps are what the check measures.
 
 Layers recorded (ablate.model.hooks.layer_outputs): the embedding's output, every block's attention
@@ -27,7 +27,7 @@ from torch import nn
 
 from ablate.model.decoder import build_model
 from ablate.model.hooks import layer_outputs, outputs_into
-from ablate.model.parametrization import param_groups
+from ablate.train.optimizer import adamw
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,7 @@ def run_width(
     at step 0) the (step, layer, kind, rms) of each layer's output on `probe` and of its change."""
     torch.manual_seed(seed)
     model = build_model(config, seed=seed)
-    optimizer = torch.optim.AdamW(
-        param_groups(model, lr=lr, weight_decay=weight_decay, eps=eps), lr=lr, betas=betas, eps=eps
-    )
+    optimizer = adamw(model, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
     start = activations(model, probe)
     rows = [(0, layer, "activation", _rms(t)) for layer, t in start.items()]
     for step, batch in enumerate(batches, start=1):

@@ -1,17 +1,6 @@
-"""The LightningModule of one run (`LMModule`: the loss, the logged metrics, validation) and its
-optimiser and schedule (`lr_factor`).
-
-Optimiser (Appendix E): AdamW with the recipe's betas, eps and weight decay. Weight decay applies to the
-matrices (embedding, projections, LM head: every parameter with 2 or more dimensions); it does not apply
-to vectors: norm weights and diff attention's λ vectors (decaying λ would pull it towards λ_init's
-re-parameterised zero point, which the paper does not ask for). Under `model.parametrization: mup` each
-parameter's lr, decay and eps follow its μP rule instead (ablate.model.parametrization.param_groups).
-Schedule (`train.schedule`): linear warmup from 0 over `warmup_steps`, then either linear decay to `min_lr`
-at `steps` (`linear`, Appendix E) or warmup-stable-decay (`wsd`, Hägele et al. 2024, arXiv 2405.18392):
-constant until `cooldown_start`, then down to `min_lr` over the last `cooldown_fraction` of the steps,
-linearly or as 1 - sqrt(t). Before its cooldown a wsd run's lr does not depend on `steps`, which is what
-lets one long run branch into every shorter budget (ablate.train.branches).
-One optimiser step sees `batch_tokens` tokens (gradient accumulation over micro-batches).
+"""The LightningModule of one run (`LMModule`: the loss, the logged metrics, validation). Its optimiser and
+schedule are the run's (ablate.train.optimizer: AdamW, Appendix E, and the linear or wsd schedule). One
+optimiser step sees `batch_tokens` tokens (gradient accumulation over micro-batches).
 """
 
 from __future__ import annotations
@@ -27,9 +16,9 @@ import torch.nn.functional as F
 
 from ablate.core import contract
 from ablate.model.decoder import DecoderLM
-from ablate.model.parametrization import param_groups
 from ablate.train.config import TrainConfig
 from ablate.train.metrics import SUM_KEYS, ar_hit_mask, sliced_loss_sums, task_summary, task_sums
+from ablate.train.optimizer import for_run
 
 
 def compile_seconds() -> float:
@@ -45,21 +34,6 @@ def compile_seconds() -> float:
 
 class Diverged(RuntimeError):
     """The training loss became NaN or infinite."""
-
-
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Multiplier of `lr` for optimizer step `step` (0-based): linear warmup, then the decay of
-    `cfg.schedule` (module docstring)."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    floor = cfg.min_lr / cfg.lr
-    if cfg.schedule == "wsd":
-        if step < cfg.cooldown_start:
-            return 1.0
-        t = min(1.0, (step - cfg.cooldown_start) / cfg.cooldown_steps)  # 0 at the cooldown's first step
-        return floor + (1.0 - floor) * (1.0 - (math.sqrt(t) if cfg.cooldown_shape == "sqrt" else t))
-    remaining = max(0.0, (cfg.steps - step) / max(1, cfg.steps - cfg.warmup_steps))
-    return floor + (1.0 - floor) * remaining
 
 
 class LMModule(L.LightningModule):
@@ -153,20 +127,7 @@ class LMModule(L.LightningModule):
         self.sink(metrics, step)
 
     def configure_optimizers(self):
-        # Standard: decay on 2+-dimensional parameters only; mup: per-group lrs (ablate.model.parametrization).
-        groups = param_groups(
-            self.model, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay, eps=self.cfg.eps
-        )
-        optimizer = torch.optim.AdamW(
-            groups,
-            lr=self.cfg.lr,
-            betas=tuple(self.cfg.betas),
-            eps=self.cfg.eps,
-        )
-        cfg = self.cfg
-        # A plain function, not a callable object: LambdaLR then keeps it out of the checkpoint, which
-        # stays loadable with weights_only=True; the schedule is rebuilt from the recipe on resume.
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
+        optimizer, schedule = for_run(self.model, self.cfg)  # ablate.train.optimizer: the one AdamW
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     # --- validation -----------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from ablate.store.stores import Stores
 from ablate.train.branches import train_budgets
 from ablate.train.config import TrainConfig
 from ablate.train.loop import train_run
-from ablate.train.module import lr_factor
+from ablate.train.optimizer import lr_factor
 from ablate.train.resume import run_dir
 
 

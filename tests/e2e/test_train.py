@@ -18,7 +18,7 @@ from ablate.recipe.resolve import load_recipe
 from ablate.store import tracking
 from ablate.store.stores import Stores
 from ablate.train.loop import train_run
-from ablate.train.module import lr_factor
+from ablate.train.optimizer import lr_factor
 from components.attention import triton_configs
 
 
