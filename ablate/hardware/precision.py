@@ -23,16 +23,16 @@ machine), without timing; the reason then says so.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ablate.core import json_cache
 from ablate.core.config import PRECISIONS
 from ablate.core.errors import UserError
 
@@ -135,38 +135,20 @@ def _time_matmul(dtype: torch.dtype, n: int = MATMUL_SIZE, repeats: int = MATMUL
     return 2 * n**3 / fastest / 1e9
 
 
+RATES = ("float32", "bfloat16")  # the dtypes `measured_rates` times
+
+
 def measured_rates(folder: Path | None = None) -> dict[str, float]:
     """{"float32": GFLOP/s, "bfloat16": GFLOP/s} of this CPU's matmul, measured once per `machine_key`
-    and cached in `folder` (default `cache_dir()`), as `precision.json`."""
-    return measured_once(
+    and cached in `folder` (default `cache_dir()`), as `precision.json` (ablate.core.json_cache: a
+    damaged cache, or an entry without both rates, is measured again)."""
+    rates, _ = json_cache.measured_once(
         (folder or cache_dir()) / "precision.json",
         machine_key(),
         lambda: {"float32": _time_matmul(torch.float32), "bfloat16": _time_matmul(torch.bfloat16)},
+        lambda entry: json_cache.numbers(entry, RATES),
     )
-
-
-def measured_once(
-    path: Path,
-    key: str,
-    measure: Callable[[], dict[str, float]],
-    complete: Callable[[dict], bool] = lambda _: True,
-) -> dict[str, float]:
-    """The measurements cached under `key` in the JSON file `path` where they are there and `complete`,
-    else `measure()`'s, added to what the file holds (written whole through a partial file, so readers
-    never see half of it). An unreadable cache is an empty one."""
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if isinstance(cached.get(key), dict) and complete(cached[key]):
-        return {k: float(v) for k, v in cached[key].items()}
-    values = measure()
-    with contextlib.suppress(OSError):  # an unwritable cache costs a re-measurement, nothing else
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-        partial.write_text(json.dumps({**cached, key: values}, indent=1, sort_keys=True))
-        partial.replace(path)
-    return values
+    return rates
 
 
 def _by_measurement(why: str, rates: Mapping[str, float]) -> tuple[str, str]:

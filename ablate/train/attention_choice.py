@@ -22,18 +22,18 @@ A candidate that cannot run there (no kernel for the width, no Triton) times as 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
+from ablate.core import json_cache
 from ablate.model.config import ModelConfig
 from ablate.store import names
 from ablate.train.config import TrainConfig
+from ablate.train.step_precision import shape_key
 
 BACKENDS = ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "triton")
 
@@ -53,8 +53,9 @@ def candidates(model: ModelConfig, compile: bool | str) -> tuple[tuple[str, bool
 STEP_REPEATS = 3  # timed steps per candidate, the fastest counts, after warm-up (a compile's included)
 WARMUP = 2
 
-# (model with the candidate's backend, seq_len, micro-batch, precision, device, compiled) -> seconds | None
-CandidateTimer = Callable[[ModelConfig, int, int, str, str, bool], "float | None"]
+# (the run's model with the candidate's backend, its `train:` compiled as the candidate says, precision,
+# device) -> seconds | None: what the run trains with if the candidate wins (`Choice.model`, `Choice.train`)
+CandidateTimer = Callable[[ModelConfig, TrainConfig, str, str], "float | None"]
 
 
 def name(backend: str, compiled: bool) -> str:
@@ -100,22 +101,18 @@ def cuda_device_key(device: str = "cuda") -> str:
     return f"{torch.cuda.get_device_name(where)}|sm{major}{minor}|torch={torch.__version__}"
 
 
-def time_candidate(
-    model: ModelConfig, seq_len: int, micro_batch: int, precision: str, device: str, compiled: bool
-) -> float | None:
-    """Seconds of one training step (`ablate.train.bench`'s) of `model` on CUDA: the fastest of
-    `STEP_REPEATS` after `WARMUP` steps; None where the candidate cannot run there."""
+def time_candidate(model: ModelConfig, train: TrainConfig, precision: str, device: str) -> float | None:
+    """Seconds of one training step of the run (`model`, `train`: ablate.train.timed_step, its optimizer
+    and compiling) on CUDA: the fastest of `STEP_REPEATS` after `WARMUP` steps; None where the candidate
+    cannot run there."""
     from ablate.hardware.device import device_ops
-    from ablate.train.bench import build_arms, train_step
+    from ablate.train.timed_step import build_step, train_step
 
     try:
-        (arm,), models = build_arms(
-            {"step": model}, [seq_len], device_ops(device), precision, compile=compiled,
-            batch_size=micro_batch, tokens_per_step=0,
-        )  # fmt: skip
+        step = build_step(model, train, precision, device_ops(device))
         for _ in range(WARMUP):
-            train_step(arm)
-        return min(train_step(arm)[0] for _ in range(STEP_REPEATS))
+            train_step(step)
+        return min(train_step(step)[0] for _ in range(STEP_REPEATS))
     except Exception:  # a backend without a kernel here (width, dtype, card) or without Triton
         return None
     finally:
@@ -138,34 +135,29 @@ def choose_attention(
     device_key: str | None = None,
 ) -> Choice | None:
     """The fastest candidate for `model`'s step on `device` (None: not decided here, or nothing ran),
-    from `cache` (a JSON file) where this card and shape were measured before, else measured and
-    cached."""
+    from `cache` (a JSON file, ablate.core.json_cache) where this card and shape were measured before
+    (an entry without every candidate's timing is measured again), else measured and cached."""
     if not decides(model, train, device):
         return None
-    shape = f"{astuple(model)}|seq={train.seq_len}|batch={train.micro_batch_size}|{precision}|compile={train.compile}"
-    key = f"{device_key or cuda_device_key(device)}|{shape}"
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
-    timings, cached = known.get(key), True
-    if not isinstance(timings, dict):
-        cached = False
-        timings = {
-            name(b, c): timer(replace(model, attention_backend=b), train.seq_len, train.micro_batch_size,
-                              precision, device, c)
-            for b, c in candidates(model, train.compile)
-        }  # fmt: skip
-        with contextlib.suppress(OSError):  # an unwritable cache costs a re-measurement, nothing else
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
-            partial.write_text(json.dumps({**known, key: timings}, indent=1, sort_keys=True))
-            partial.replace(cache)
-    ran = [
-        (seconds, b, c)
-        for b, c in candidates(model, train.compile)
-        if (seconds := timings.get(name(b, c))) is not None
-    ]
+    pairs = candidates(model, train.compile)
+    seq_len, batch = train.seq_len, train.micro_batch_size
+
+    def measure() -> dict[str, float | None]:
+        return {
+            name(b, c): timer(
+                replace(model, attention_backend=b), replace(train, compile=c), precision, device
+            )
+            for b, c in pairs
+        }
+
+    key = f"{device_key or cuda_device_key(device)}|{shape_key(model, seq_len, batch)}"
+    timings, cached = json_cache.measured_once(
+        cache,
+        f"{key}|{precision}|compile={train.compile}",
+        measure,
+        lambda entry: json_cache.numbers(entry, [name(b, c) for b, c in pairs], none=True),
+    )
+    ran = [(seconds, b, c) for b, c in pairs if (seconds := timings.get(name(b, c))) is not None]
     if not ran:
         return None
     _, backend, compiled = min(ran)

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ablate.core import json_cache
 from ablate.hardware.device import CpuOps
 from ablate.hardware.precision import (
     AUTO,
@@ -33,7 +34,6 @@ from ablate.hardware.precision import (
     choose_precision,
     device_type,
     machine_key,
-    measured_once,
     native_bf16,
 )
 from ablate.model.config import ModelConfig
@@ -77,13 +77,15 @@ def step_timings(
     folder: Path | None = None,
 ) -> dict[str, float]:
     """{precision: seconds of one step} for `CANDIDATES`, measured once per machine and shape and cached
-    in `folder` (default `cache_dir()`) as `step_precision.json`."""
-    return measured_once(
+    in `folder` (default `cache_dir()`) as `step_precision.json` (ablate.core.json_cache: a damaged
+    cache, or an entry without both timings, is measured again)."""
+    timings, _ = json_cache.measured_once(
         (folder or cache_dir()) / "step_precision.json",
         f"{machine_key()}|{shape_key(model, train.seq_len, train.micro_batch_size)}{compiled_key(train)}",
         lambda: {p: float(timer(model, train, p)) for p in CANDIDATES},
-        complete=lambda timings: set(timings) == set(CANDIDATES),
+        lambda entry: json_cache.numbers(entry, CANDIDATES),
     )
+    return timings
 
 
 def choose_step_precision(

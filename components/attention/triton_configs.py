@@ -20,8 +20,6 @@ be zeroed around every trial by argument name, and a CPU test cannot drive it; h
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
 from collections.abc import Callable
@@ -29,6 +27,8 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import torch
+
+from ablate.core.json_cache import add, number, parsed, read
 
 KERNELS = ("forward", "backward_kv", "backward_q")
 FILE = "triton_configs.json"
@@ -127,8 +127,8 @@ class Chooser:
         name = key.name()
         if not self._read:
             self._load()
-        if name in self.chosen:
-            return self.chosen[name]
+        if self.chosen.get(name) in candidates(key.kernel, key.dtype, key.v_width):
+            return self.chosen[name]  # a stored configuration that is no candidate is measured again
         times: dict[Config, float] = {}
         failures = []
         for config in candidates(key.kernel, key.dtype, key.v_width):
@@ -143,8 +143,7 @@ class Chooser:
         best = min(times, key=times.__getitem__)
         self.chosen[name] = best
         self.timings[name] = {_label(c): t for c, t in times.items()}
-        with contextlib.suppress(OSError):  # an unwritable folder costs a re-measurement, nothing else
-            self._store()
+        self._store()
         return best
 
     def _load(self) -> None:
@@ -154,36 +153,43 @@ class Chooser:
             self.timings.setdefault(name, ms)
 
     def _store(self) -> None:
-        """Every choice of this process into the folder's file, beside another process's there."""
+        """Every choice of this process into the folder's file, beside another process's there
+        (ablate.core.json_cache: written whole, an unwritable folder left as it is)."""
         if self.folder is None:
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
-        entries = _stored(self.folder) | {
-            name: (c, self.timings.get(name, {})) for name, c in self.chosen.items()
-        }
-        text = {name: {"config": list(astuple(c)), "ms": ms} for name, (c, ms) in entries.items()}
-        path = self.folder / FILE
-        partial = path.with_name(f"{FILE}.{os.getpid()}")
-        partial.write_text(json.dumps(text, indent=1, sort_keys=True))
-        partial.replace(path)
+        add(
+            self.folder / FILE,
+            {
+                name: {"config": list(astuple(c)), "ms": self.timings.get(name, {})}
+                for name, c in self.chosen.items()
+            },
+            _entry,
+        )
 
 
 def _stored(folder: Path | None) -> dict[str, tuple[Config, dict]]:
-    """The folder's file: each readable entry's configuration and timings (a damaged file or entry reads as
-    absent: measured again and rewritten)."""
-    try:
-        entries = json.loads((folder / FILE).read_text()) if folder is not None else {}
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(entries, dict):
-        return {}
+    """The folder's file: each readable entry's configuration and timings (ablate.core.json_cache: a
+    damaged file or entry reads as absent, measured again and rewritten)."""
+    entries = read(folder / FILE) if folder is not None else {}
     stored = {}
     for name, entry in entries.items():
-        try:
-            stored[name] = (Config(*(int(n) for n in entry["config"])), dict(entry.get("ms", {})))
-        except (TypeError, KeyError, ValueError, AttributeError):
-            continue
+        if (read_back := parsed(entry, _entry)) is not None:
+            stored[name] = read_back
     return stored
+
+
+def _entry(entry: dict) -> tuple[Config, dict[str, float | None]]:
+    """A stored entry, `{"config": [four positive integers], "ms": {label: ms}}`, read; a ValueError or
+    TypeError where it is anything else."""
+    config = entry["config"]
+    if not isinstance(config, list) or len(config) != 4:
+        raise ValueError(f"config {config!r}: expected four integers")
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in config):
+        raise ValueError(f"config {config!r}: expected four positive integers")
+    ms = entry.get("ms", {})
+    if not isinstance(ms, dict):
+        raise ValueError(f"ms {ms!r}: expected an object")
+    return Config(*config), {str(k): number(v) for k, v in ms.items()}
 
 
 def _label(config: Config) -> str:

@@ -10,7 +10,9 @@ Five rules:
   callback and its verb writes the report, so the sweep library knows neither probes nor reports; probes
   are measurements, reports read them; training names no component (it builds what the registry holds);
 - no import circle anywhere, between modules of one sub-package either;
-- a component (`components/`) imports from the engine only `ablate.core.registry`, `.contract`, `.errors`.
+- a component (`components/`) imports from the engine only `ablate.core.registry`, `.contract`, `.errors`,
+  and `.json_cache` (the one measured-once cache, which the `triton` kernels' launch choices share with
+  the engine's caches: standard library only, it drags nothing of the engine into the zoo).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: list[str] = [
     "cli",  # argv -> a verb
     "verbs",  # one module per verb: its options and its orchestration
+    "hf",  # a run as a transformers folder (export); the harness's model and downstream tasks
     "sweep",  # many trials: the queue and liveness, the worker loop, the launchers
     "probes",  # kind `probe` and running them on finished runs (`ablate eval`)
     "report",  # tables, checks, statistics, plots of finished runs; fit reports
@@ -40,7 +43,12 @@ LAYERS: list[str] = [
     "hardware",  # device seam, precision, allocator
     "core",  # errors, typed config, registry, contract, table text
 ]
-COMPONENTS_MAY_IMPORT = {"ablate.core.registry", "ablate.core.contract", "ablate.core.errors"}
+COMPONENTS_MAY_IMPORT = {
+    "ablate.core.registry",
+    "ablate.core.contract",
+    "ablate.core.errors",
+    "ablate.core.json_cache",
+}
 # (layer, what it never imports although it lies below): a layer of LAYERS, or "components" (the zoo)
 NEVER = {("sweep", "report"), ("sweep", "probes"), ("probes", "report"), ("train", "components")}
 
