@@ -168,7 +168,7 @@ def test_the_attention_choice_cache_reads_a_damaged_entry_as_absent(tmp_path, st
     cache.write_text(stored if stored == "[]" else f'{{"{key}": {stored}}}')
     timed = []
 
-    def timer(model, seq_len, batch, precision, device, compiled):
+    def timer(model, train, precision, device):
         timed.append(model.attention_backend)
         return 0.001 if model.attention_backend == "sdpa_cudnn" else 0.002
 
