@@ -32,9 +32,12 @@ import torch
 import torch.nn.functional as F
 
 from ablate.hardware.allocator import tune_glibc_malloc
+from ablate.hardware.device import CpuOps
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import load_recipe
 from ablate.train.bench import Arm, ForeignCpu, forward_step, timed, train_step, undisturbed
+from ablate.train.optimizer import for_run
+from ablate.train.timed_step import TimedStep
 from components.attention import backends
 from components.attention.diff import DiffAttention
 from components.attention.softmax import SoftmaxAttention
@@ -116,13 +119,14 @@ def build_arm(name: str, seq_len: int, batch: int):
             module.project = types.MethodType(fused, module)
         if MODULE_HEAD_NORM in patches and isinstance(module, DiffAttention):
             module.forward = types.MethodType(module_norm_forward, module)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    optimizer, schedule = for_run(model, run.train)  # the run's AdamW and schedule
     if compiled:  # as `train.compile` does: the whole model
         model = torch.compile(model)
     tokens = torch.randint(
         0, config["vocab_size"], (batch, seq_len + 1), generator=torch.Generator().manual_seed(0)
     )
-    return Arm(name, seq_len, model, optimizer, tokens, flops_per_token=0.0)  # FLOPs: not reported here
+    step = TimedStep(model, optimizer, schedule, tokens, "bf16-mixed", CpuOps(), run.train.grad_clip)
+    return Arm(name, seq_len, step, flops_per_token=0.0)  # FLOPs: not reported here
 
 
 def main() -> None:

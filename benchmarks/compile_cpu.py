@@ -16,6 +16,7 @@ import argparse
 import csv
 import os
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -23,10 +24,11 @@ import torch
 from ablate.hardware.allocator import tune_glibc_malloc
 from ablate.hardware.device import cpu_name, device_ops
 from ablate.hardware.precision import choose_precision
-from ablate.model.decoder import attention_kernel, build_model
+from ablate.model.decoder import attention_kernel
 from ablate.recipe.resolve import load_recipe
 from ablate.train.bench import Arm, train_step, undisturbed
 from ablate.train.module import compile_seconds
+from ablate.train.timed_step import build_step
 
 
 def arms_for(recipe_path: str, scale: str, variants: list[str], precision: str) -> list[tuple[str, Arm]]:
@@ -41,10 +43,10 @@ def arms_for(recipe_path: str, scale: str, variants: list[str], precision: str) 
             0, run.model.vocab_size, (batch, n + 1), generator=torch.Generator().manual_seed(0)
         )
         for mode in ("eager", "compiled"):
-            model = build_model(run.model, seed=0)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-            runnable = torch.compile(model) if mode == "compiled" else model
-            arm = Arm(variant, n, runnable, optimizer, tokens, 0.0, precision, ops)
+            train = replace(run.train, compile=mode == "compiled")
+            step = replace(build_step(run.model, train, precision, ops), tokens=tokens)
+            model = getattr(step.model, "_orig_mod", step.model)
+            arm = Arm(variant, n, step, 0.0)
             arm.kernel = attention_kernel(
                 model, ops.device, torch.bfloat16 if "bf16" in precision else torch.float32
             )

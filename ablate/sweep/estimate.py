@@ -56,7 +56,7 @@ def calibrate(run: RunSpec, repeats: int = 4, *, ops: DeviceOps | None = None) -
     ops = ops or device_ops(device if device in ("cpu", "cuda") else "cpu", key="train.accelerator")
     # the precision the run will train in: on a CPU claiming bf16, by its whole step (cached: measured once)
     precision, why, _ = choose_step_precision(
-        train.precision, ops.device, run.model, train.seq_len, train.micro_batch_size, key="train.precision"
+        train.precision, ops.device, run.model, train, key="train.precision"
     )
     model = build_model(model_cfg, seed=0).to(ops.device)
     if precision.endswith("-true"):  # parameters held in that dtype (Lightning's "true" precisions)

@@ -7,7 +7,8 @@ equal work per step across lengths, and matrix products as tall as training's mi
 - where: `device` (default CUDA when present, else the CPU), in the precision `ablate.hardware.precision`'s rule
   chooses for it (`auto`: bf16 autocast where the device runs bf16 natively, float32 elsewhere; an
   explicit `precision` overrides). The choice and its reason are printed and written into bench.md.
-- training throughput: forward + backward + AdamW step (fused implementation), in that precision, loss in
+- training throughput: the variant's run's own training step (ablate.train.timed_step: forward, backward,
+  gradient clipping, the run's AdamW and schedule from ablate.train.optimizer), in that precision, loss in
   float32 (as `ablate.train.module` computes it), tokens/s of wall-clock time (on CUDA, synchronised: see
   `ablate.hardware.device`).
 - forward throughput: the forward alone under `torch.no_grad()`, tokens/s.
@@ -45,16 +46,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ablate.core.errors import UserError
 from ablate.core.registry import closest
 from ablate.core.tables import format_seconds
 from ablate.hardware.device import CpuOps, DeviceOps
-from ablate.hardware.precision import autocast
 from ablate.model.config import ModelConfig
 from ablate.model.cost import model_cost
-from ablate.model.decoder import build_model
+from ablate.train import timed_step
 from ablate.train.bench_defaults import (  # noqa: F401 (the bench's defaults, read through this module too)
     PEAK_BUDGET_S,
     PEAK_MAX_SIZE,
@@ -62,6 +61,8 @@ from ablate.train.bench_defaults import (  # noqa: F401 (the bench's defaults, r
     STANDARD_SEQ_LENS,
     TOKENS_PER_STEP,
 )
+from ablate.train.config import TrainConfig
+from ablate.train.timed_step import TimedStep, build_step
 
 DISTURBED = 0.05  # share of the machine's CPU used by other processes above which a timing is retaken
 
@@ -91,22 +92,21 @@ class ForeignCpu:
 
 @dataclass
 class Arm:
+    """One (variant, sequence length) of the bench: the run's step at that length (ablate.train.timed_step)
+    and what was measured of it."""
+
     variant: str
     seq_len: int
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    tokens: torch.Tensor
+    step: TimedStep
     flops_per_token: float  # forward, budget convention
-    precision: str = "bf16-mixed"  # a resolved Lightning precision (`ablate.hardware.precision`)
-    ops: DeviceOps = field(default_factory=CpuOps)  # the device's clock and memory peak
     train_s: list[float] = field(default_factory=list)
-    opt_s: list[float] = field(default_factory=list)  # the AdamW step inside each training step
+    opt_s: list[float] = field(default_factory=list)  # the optimizer's part of each training step
     fwd_s: list[float] = field(default_factory=list)
     peak_bytes: int = 0
 
     @property
     def n_tokens(self) -> int:
-        return self.tokens.shape[0] * self.seq_len
+        return self.step.n_tokens
 
 
 def default_seq_lens(recipe: Any) -> list[int]:
@@ -115,9 +115,11 @@ def default_seq_lens(recipe: Any) -> list[int]:
     return sorted({*STANDARD_SEQ_LENS, *(run.train.seq_len for run in recipe.runs)})
 
 
-def bench_configs(recipe: Any, variants: list[str], backend: str | None) -> dict[str, ModelConfig]:
-    """Each variant's model config (a recipe with a sizes axis: its first size), with `backend` for every
-    arm when given."""
+def bench_runs(
+    recipe: Any, variants: list[str], backend: str | None
+) -> dict[str, tuple[ModelConfig, TrainConfig]]:
+    """Each variant's model and `train:` sections (a recipe with a sizes axis: its first size), with
+    `backend` for every arm when given: the step the variant's run takes."""
     for key in variants:
         if key not in recipe.variants:
             raise UserError(
@@ -128,13 +130,16 @@ def bench_configs(recipe: Any, variants: list[str], backend: str | None) -> dict
     for run in recipe.runs_for([0], variants=variants):
         runs.setdefault(run.variant, run)
     return {
-        v: runs[v].model if backend is None else replace(runs[v].model, attention_backend=backend)
+        v: (
+            runs[v].model if backend is None else replace(runs[v].model, attention_backend=backend),
+            runs[v].train,
+        )
         for v in variants
     }
 
 
 def build_arms(
-    configs: dict[str, ModelConfig],
+    runs: dict[str, tuple[ModelConfig, TrainConfig]],
     seq_lens: Sequence[int],
     ops: DeviceOps,
     precision: str,
@@ -143,27 +148,24 @@ def build_arms(
     batch_size: int | None,
     tokens_per_step: int,
 ) -> tuple[list[Arm], dict[str, tuple]]:
-    """One model and optimizer per variant, shared by its sequence lengths; one arm per (length, variant)."""
-    models = {}
-    for variant, config in configs.items():
-        model = build_model(config, seed=0).to(ops.device)
-        decay = [p for p in model.parameters() if p.ndim >= 2]
-        rest = [p for p in model.parameters() if p.ndim < 2]
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0}],
-            lr=1e-5,  # tiny: the weights barely move, so every round times the same model
-            fused=True,
-        )
-        models[variant] = (model, torch.compile(model) if compile else model, optimizer)
+    """One run's step per variant (its model, optimizer and schedule: ablate.train.timed_step), shared by
+    its sequence lengths; one arm per (length, variant). Also {variant: (model, as it runs, optimizer)}."""
+    steps = {
+        variant: build_step(model, replace(train, compile=compile), precision, ops, batch=1)
+        for variant, (model, train) in runs.items()
+    }
     generator = torch.Generator().manual_seed(0)
     arms = []
     for n in seq_lens:
-        for variant, config in configs.items():
-            _, runnable, optimizer = models[variant]
+        for variant, (config, _) in runs.items():
             batch = batch_size or max(1, tokens_per_step // n)
             tokens = torch.randint(0, config.vocab_size, (batch, n + 1), generator=generator).to(ops.device)
             flops = model_cost(config, n).fwd_flops_per_token
-            arms.append(Arm(variant, n, runnable, optimizer, tokens, flops, precision, ops))
+            arms.append(Arm(variant, n, replace(steps[variant], tokens=tokens), flops))
+    models = {
+        v: (getattr(step.model, "_orig_mod", step.model), step.model, step.optimizer)
+        for v, step in steps.items()
+    }
     return arms, models
 
 
@@ -286,22 +288,13 @@ class Progress:
 
 
 def train_step(arm: Arm) -> tuple[float, float]:
-    """One training step; returns (seconds of the whole step, seconds of its optimizer step)."""
-    start = arm.ops.now()
-    with autocast(arm.ops.device, arm.precision):
-        logits = arm.model(arm.tokens[:, :-1])
-    loss = F.cross_entropy(logits.float().flatten(0, 1), arm.tokens[:, 1:].flatten())
-    loss.backward()
-    middle = arm.ops.now()
-    arm.optimizer.step()
-    arm.optimizer.zero_grad(set_to_none=True)
-    end = arm.ops.now()
-    return end - start, end - middle
+    """One training step of the arm's run (ablate.train.timed_step); returns (seconds of the whole step,
+    seconds of its optimizer part)."""
+    return timed_step.train_step(arm.step)
 
 
 def forward_step(arm: Arm) -> None:
-    with torch.no_grad(), autocast(arm.ops.device, arm.precision):
-        arm.model(arm.tokens[:, :-1])
+    timed_step.forward_step(arm.step)
 
 
 def undisturbed(measure, retries: int):
@@ -318,9 +311,9 @@ def undisturbed(measure, retries: int):
 
 
 def timed(step, arm: Arm) -> float:
-    start = arm.ops.now()
+    start = arm.step.ops.now()
     step(arm)
-    return arm.ops.now() - start
+    return arm.step.ops.now() - start
 
 
 def matmul_peak(

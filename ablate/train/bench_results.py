@@ -79,7 +79,7 @@ def _rows(arms: list[Arm], peak: float) -> list[dict[str, Any]]:
             {
                 "variant": arm.variant,
                 "seq_len": arm.seq_len,
-                "batch": arm.tokens.shape[0],
+                "batch": arm.step.tokens.shape[0],
                 "train_tok_s": train,
                 "fwd_tok_s": fwd,
                 "peak_mem_mb": arm.peak_bytes / 2**20,

@@ -33,9 +33,7 @@ def placement(cfg: TrainConfig, model: ModelConfig | None = None) -> Placement:
     """`train.accelerator` and `train.precision` resolved (ablate.hardware.precision), once per process;
     `auto` on a CPU that claims native bf16 by `model`'s whole training step (ablate.train.step_precision)."""
     device = training_device(cfg.accelerator)
-    precision, why, _ = choose_step_precision(
-        cfg.precision, device, model, cfg.seq_len, cfg.micro_batch_size, key="train.precision"
-    )
+    precision, why, _ = choose_step_precision(cfg.precision, device, model, cfg, key="train.precision")
     return Placement(device, precision, why)
 
 

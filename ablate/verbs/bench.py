@@ -17,6 +17,7 @@ native bf16 (`ablate.train.step_precision`; tests inject timings); `echo`: print
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -118,16 +119,19 @@ def run_bench(
     _check(rounds, tokens_per_step, seq_lens, batch_size, variants, backend, precision)
     ops = ops or device_ops(device)
     recipe = load_recipe(recipe_path, list(overrides), scale=scale)
-    configs = lib.bench_configs(recipe, variants, backend)
+    runs = lib.bench_runs(recipe, variants, backend)
+    configs = {variant: model for variant, (model, _) in runs.items()}
     batch = batch_size or max(1, tokens_per_step // seq_lens[0])
-    chosen, why = _step_precision(precision, ops, configs[variants[0]], seq_lens[0], batch, step_timer)
+    first, first_train = runs[variants[0]]
+    step = replace(first_train, seq_len=seq_lens[0], micro_batch_size=batch, compile=compile)
+    chosen, why = _step_precision(precision, ops, first, step, step_timer)
     say = lib.printer(echo)
     say(f"precision: {chosen} ({why})")
     malloc = tune_glibc_malloc() if tune_malloc else "glibc malloc defaults"
     load_before = os.getloadavg()
     foreign = lib.ForeignCpu()
     arms, models = lib.build_arms(
-        configs,
+        runs,
         seq_lens,
         ops,
         chosen,
@@ -170,15 +174,13 @@ def _seq_lens(
     return [int(n) for n in seq_lens]
 
 
-def _step_precision(
-    precision: str, ops: Any, config: Any, seq_len: int, batch: int, step_timer: Any
-) -> tuple[str, str]:
+def _step_precision(precision: str, ops: Any, config: Any, train: Any, step_timer: Any) -> tuple[str, str]:
     """The precision the arms run in and why; `auto` on a CPU claiming native bf16: the first arm's whole
     training step, timed both ways (ablate.train.step_precision)."""
     from ablate.train.step_precision import choose_step_precision, time_step
 
     chosen, why, _ = choose_step_precision(
-        precision, ops.device, config, seq_len, batch, key="--precision", timer=step_timer or time_step
+        precision, ops.device, config, train, key="--precision", timer=step_timer or time_step
     )
     return chosen, why
 

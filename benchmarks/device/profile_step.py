@@ -70,12 +70,12 @@ def main(ctx) -> None:
     on_cuda = ops.device.type == "cuda"
     precision, why = choose_precision("auto", ops.device)
     print(f"precision {precision} ({why})", flush=True)
-    configs = lib.bench_configs(load_recipe(recipe_path, scale=scale), list(VARIANTS), None)
+    runs = lib.bench_runs(load_recipe(recipe_path, scale=scale), list(VARIANTS), None)
     activities = [torch.profiler.ProfilerActivity.CPU]
     activities += [torch.profiler.ProfilerActivity.CUDA] if on_cuda else []
-    for variant, config in configs.items():  # one model at a time: only one is in memory
+    for variant, (config, train) in runs.items():  # one model at a time: only one is in memory
         (arm,), models = lib.build_arms(
-            {variant: config},
+            {variant: (config, train)},
             [seq_len],
             ops,
             precision,

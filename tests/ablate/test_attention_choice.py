@@ -28,9 +28,10 @@ class Timings:
         self.seconds = seconds
         self.calls: list[tuple] = []
 
-    def __call__(self, model, seq_len, micro_batch, precision, device, compiled):
-        self.calls.append((model.attention_backend, compiled, seq_len, micro_batch, precision, device))
-        return self.seconds.get((model.attention_backend, compiled))
+    def __call__(self, model, train, precision, device):
+        backend, compiled = model.attention_backend, train.compile
+        self.calls.append((backend, compiled, train.seq_len, train.micro_batch_size, precision, device))
+        return self.seconds.get((backend, compiled))
 
 
 def choose(timer, cache, model=MODEL, train=TRAIN, device="cuda", card=CARD):

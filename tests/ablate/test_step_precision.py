@@ -12,6 +12,7 @@ import pytest
 import ablate.hardware.precision as precision_module
 from ablate.hardware.precision import ENV
 from ablate.model.config import ModelConfig
+from ablate.train.config import TrainConfig
 from ablate.train.step_precision import choose_step_precision, step_timings, time_step
 from ablate.verbs.bench import run_bench
 
@@ -28,14 +29,27 @@ class Timings:
         self.seconds = {"32-true": seconds["f32"], "bf16-mixed": seconds["bf16"]}
         self.calls: list[tuple] = []
 
-    def __call__(self, model, seq_len, micro_batch, precision):
-        self.calls.append((seq_len, micro_batch, precision))
+    def __call__(self, model, train, precision):
+        self.calls.append((train.seq_len, train.micro_batch_size, precision))
         return self.seconds[precision]
 
 
 def choose(timer, tmp_path, cpuinfo=FLAGGED, requested="auto", device="cpu", seq_len=32, batch=2, **env):
     return choose_step_precision(
-        requested, device, MODEL, seq_len, batch, timer=timer, folder=tmp_path, environ=env, cpuinfo=cpuinfo
+        requested,
+        device,
+        MODEL,
+        _train(seq_len, batch),
+        timer=timer,
+        folder=tmp_path,
+        environ=env,
+        cpuinfo=cpuinfo,
+    )
+
+
+def _train(seq_len: int, batch: int) -> TrainConfig:
+    return TrainConfig(
+        seq_len=seq_len, micro_batch_size=batch, batch_tokens=seq_len * batch, steps=4, lr=1e-3
     )
 
 
@@ -81,8 +95,8 @@ def test_nothing_is_timed_where_the_rule_answers(tmp_path, kwargs, precision, re
 
 
 def test_the_real_timer_times_a_training_step(tmp_path):
-    assert time_step(MODEL, 16, 2, "32-true") > 0
-    timings = step_timings(MODEL, 16, 2, folder=tmp_path)  # both candidates, the real timer, cached
+    assert time_step(MODEL, _train(16, 2), "32-true") > 0
+    timings = step_timings(MODEL, _train(16, 2), folder=tmp_path)  # both candidates, the real timer, cached
     assert set(timings) == {"32-true", "bf16-mixed"} and min(timings.values()) > 0
     assert json.loads((tmp_path / "step_precision.json").read_text())
 
