@@ -22,18 +22,18 @@ A candidate that cannot run there (no kernel for the width, no Triton) times as 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
+from ablate.core import json_cache
 from ablate.model.config import ModelConfig
 from ablate.store import names
 from ablate.train.config import TrainConfig
+from ablate.train.step_precision import shape_key
 
 BACKENDS = ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "triton")
 
@@ -135,35 +135,29 @@ def choose_attention(
     device_key: str | None = None,
 ) -> Choice | None:
     """The fastest candidate for `model`'s step on `device` (None: not decided here, or nothing ran),
-    from `cache` (a JSON file) where this card and shape were measured before, else measured and
-    cached."""
+    from `cache` (a JSON file, ablate.core.json_cache) where this card and shape were measured before
+    (an entry without every candidate's timing is measured again), else measured and cached."""
     if not decides(model, train, device):
         return None
-    shape = f"{astuple(model)}|seq={train.seq_len}|batch={train.micro_batch_size}|{precision}|compile={train.compile}"
-    key = f"{device_key or cuda_device_key(device)}|{shape}"
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
-    timings, cached = known.get(key), True
-    if not isinstance(timings, dict):
-        cached = False
-        timings = {
+    pairs = candidates(model, train.compile)
+    seq_len, batch = train.seq_len, train.micro_batch_size
+
+    def measure() -> dict[str, float | None]:
+        return {
             name(b, c): timer(
                 replace(model, attention_backend=b), replace(train, compile=c), precision, device
             )
-            for b, c in candidates(model, train.compile)
-        }  # fmt: skip
-        with contextlib.suppress(OSError):  # an unwritable cache costs a re-measurement, nothing else
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
-            partial.write_text(json.dumps({**known, key: timings}, indent=1, sort_keys=True))
-            partial.replace(cache)
-    ran = [
-        (seconds, b, c)
-        for b, c in candidates(model, train.compile)
-        if (seconds := timings.get(name(b, c))) is not None
-    ]
+            for b, c in pairs
+        }
+
+    key = f"{device_key or cuda_device_key(device)}|{shape_key(model, seq_len, batch)}"
+    timings, cached = json_cache.measured_once(
+        cache,
+        f"{key}|{precision}|compile={train.compile}",
+        measure,
+        lambda entry: json_cache.numbers(entry, [name(b, c) for b, c in pairs], none=True),
+    )
+    ran = [(seconds, b, c) for b, c in pairs if (seconds := timings.get(name(b, c))) is not None]
     if not ran:
         return None
     _, backend, compiled = min(ran)
