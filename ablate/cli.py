@@ -27,6 +27,7 @@ from ablate.verbs.bench import bench
 from ablate.verbs.check import check
 from ablate.verbs.components import components
 from ablate.verbs.eval import evaluate
+from ablate.verbs.export import export
 from ablate.verbs.fit import fit
 from ablate.verbs.options import DEFAULT_WORKSPACE, print_resolved, verb_options
 from ablate.verbs.prepare import prepare
@@ -43,7 +44,7 @@ __all__ = ["DEFAULT_WORKSPACE", "VERBS", "main", "parse_args"]
 VERBS: dict[str, Callable[..., int]] = {
     **{"components": components, "check": check, "train": train, "sweep": sweep, "worker": worker},
     **{"status": status, "report": report, "fit": fit, "bench": bench, "prepare": prepare},
-    **{"eval": evaluate, "ui": ui, "server": server},
+    **{"eval": evaluate, "export": export, "ui": ui, "server": server},
 }
 OVERRIDES_USAGE = "[--base.SECTION.KEY VALUE ...] [--variants.VARIANT.SECTION.KEY VALUE ...]"
 
@@ -143,6 +144,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ablate: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug keeps its traceback; a store its disk refused a write is one line
+        from ablate.store.write_failure import store_write_failure
+
+        failure = store_write_failure(e)
+        if failure is None:
+            raise
+        print(f"ablate: error: {failure}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -8,6 +8,15 @@ migrated, said in a line; the others are one line each that names the file and w
 
 The schema revision is alembic's, as MLflow records it (`alembic_version`); the head revision and the
 migration are MLflow's own (`mlflow.store.db.utils`, the code `mlflow db upgrade` runs).
+
+A store is created once, whole, or not at all. MLflow creates a missing store in place, table by table and
+migration by migration, with no lock between processes: two first commands at once, a kill, a full disk or
+a file-size limit mid-way leave a store that every later open fails on. Here it is made under an exclusive
+lock on its folder, in a hidden file beside it (`.mlflow.db.creating-<pid>`) by MLflow's own store class,
+and renamed into place once whole (its migrations at the head and MLflow's Default experiment in it). A
+store that an earlier version left half-made (no experiment, no run: its creation was stopped before the
+Default experiment, which MLflow makes last) is set aside as `mlflow.db.half-made-<n>`, said in one line,
+and made again; a store that holds an experiment or a run is never set aside.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import os
 import sqlite3
 from pathlib import Path
 
@@ -58,31 +68,66 @@ def sqlite_path(uri: str) -> Path:
 
 
 def check(uri: str) -> None:
-    """Look at the SQLite store `uri` names (other URIs: nothing to do): a missing or empty file, or one at
-    this MLflow's schema, passes; one from an older MLflow is copied, then migrated; else one line."""
+    """Make the SQLite store `uri` names whole before MLflow opens it (other URIs: nothing to do): a store at
+    this MLflow's schema passes unlocked; a missing or empty one is created whole; a half-made one is set
+    aside and made again; one from an older MLflow is copied, then migrated; else one line."""
     if not uri.startswith("sqlite:///"):
         return
     decode_mlflow_parent_dirs()
     path = sqlite_path(uri).resolve()
-    if path in _CHECKED or not path.is_file() or path.stat().st_size == 0:
+    if path in _CHECKED or _whole(path):
+        _CHECKED.add(path)
         return
-    with _exclusive(path):  # workers starting together: one copies and migrates, the others find it done
-        version = schema_version(path)
-        head = head_revision()
-        if version is not None and version != head:
-            if not known_revision(version):
-                import mlflow
-
-                raise UserError(
-                    f"--tracking-uri: {path} was written by a newer MLflow (schema {version}; MLflow "
-                    f"{mlflow.__version__} here knows schemas up to {head}); install the MLflow that wrote "
-                    "it (pip install -U mlflow) or use another workspace"
-                )
-            if _never_used(path):  # a creation killed between two migrations: finish it, nothing to keep
-                _migrate(path)
-            else:
-                _copy_then_migrate(path, version, head)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # as MLflow does for a store's folder
+    except OSError as e:
+        raise UserError(f"--tracking-uri: cannot make the folder of {path}: {e.strerror or e}") from None
+    with _exclusive(path.parent):  # first commands at once: one makes the store, the others find it made
+        _make_whole(path)
     _CHECKED.add(path)
+
+
+def _whole(path: Path) -> bool:
+    """Whether `path` is a store at this MLflow's schema holding its Default experiment (read-only: the
+    common case takes no lock and writes nothing, so a read-only workspace is read)."""
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return False
+        with contextlib.closing(sqlite3.connect(_file_uri(path, "ro"), uri=True)) as db:
+            row = db.execute("SELECT version_num FROM alembic_version").fetchone()
+            made = db.execute("SELECT count(*) FROM experiments").fetchone()[0] > 0
+    except (OSError, sqlite3.Error):
+        return False
+    return made and row is not None and row[0] == head_revision()
+
+
+def _make_whole(path: Path) -> None:
+    """Under the folder's lock: create, set aside and make again, or migrate the store at `path`."""
+    _discard_creations(path)
+    if path.is_file() and path.stat().st_size > 0:
+        if _half_made(path):
+            aside = _set_aside(path)
+            print(
+                f"[mlflow] {path} was left half-made by an interrupted creation and holds no run; kept it "
+                f"as {aside.name} and made the store again",
+                flush=True,
+            )
+        else:
+            version = schema_version(path)
+            head = head_revision()
+            if version is not None and version != head:
+                if not known_revision(version):
+                    import mlflow
+
+                    raise UserError(
+                        f"--tracking-uri: {path} was written by a newer MLflow (schema {version}; MLflow "
+                        f"{mlflow.__version__} here knows schemas up to {head}); install the MLflow that "
+                        "wrote it (pip install -U mlflow) or use another workspace"
+                    )
+                _copy_then_migrate(path, version, head)
+            return
+    if not path.is_file() or path.stat().st_size == 0:
+        _create(path)
 
 
 def schema_version(path: Path) -> str | None:
@@ -145,15 +190,110 @@ def _file_uri(path: Path, mode: str) -> str:
     return f"file:{urllib.parse.quote(str(path), safe='/')}?mode={mode}"
 
 
-def _never_used(path: Path) -> bool:
-    """No experiment at all, not even MLflow's Default (made once its migrations end, and kept, as
-    `deleted`, when a user deletes it): the store's first creation was killed before it finished, so it is
-    no older MLflow's store and holds nothing to keep a copy of."""
-    with contextlib.closing(sqlite3.connect(_file_uri(path, "ro"), uri=True)) as db:
+def _half_made(path: Path) -> bool:
+    """An SQLite database with no table, or with MLflow's `experiments` table empty and no run: a first
+    creation stopped before MLflow made its Default experiment (made once its migrations end, and kept, as
+    `deleted`, when a user deletes it), so no store of any MLflow that holds anything to keep in place."""
+    try:
+        with _read(path) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not tables:
+                return True
+            if "experiments" not in tables:
+                return False
+            runs = db.execute("SELECT count(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+            return runs == 0 and db.execute("SELECT count(*) FROM experiments").fetchone()[0] == 0
+    except sqlite3.DatabaseError:  # not a database: schema_version says so in its line
+        return False
+
+
+@contextlib.contextmanager
+def _read(path: Path):
+    """`path` opened to read; read-write where a writer killed inside a transaction left a hot journal,
+    which SQLite rolls back on the first read-write open and a read-only one cannot."""
+    db = sqlite3.connect(_file_uri(path, "ro"), uri=True)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError as e:
+        db.close()
+        if getattr(e, "sqlite_errorname", "") != "SQLITE_READONLY_ROLLBACK":
+            raise
+        db = sqlite3.connect(_file_uri(path, "rw"), uri=True)
+    with contextlib.closing(db):
+        yield db
+
+
+def _set_aside(path: Path) -> Path:
+    """`path` renamed to the first free `<name>.half-made-<n>` (under the folder's lock: no one else
+    renames), so a half-made store is kept for whoever wants to look at it."""
+    n = 1
+    while (aside := path.with_name(f"{path.name}.half-made-{n}")).exists():
+        n += 1
+    path.rename(aside)
+    return aside
+
+
+def _creations(path: Path) -> list[Path]:
+    return sorted(path.parent.glob(f".{path.name}.creating-*"))
+
+
+def _discard_creations(path: Path) -> None:
+    """The files of creations that were stopped (a kill, a full disk): under the lock none is in progress,
+    and none was ever the store, so nothing in them is kept."""
+    for leftover in _creations(path):
+        leftover.unlink(missing_ok=True)
+
+
+def _create(path: Path) -> None:
+    """The store made whole by MLflow's own store class (its tables, every migration, the Default
+    experiment) in a hidden file beside `path`, then renamed into place; a write that fails (a full disk, a
+    file-size limit) leaves nothing behind and is one line."""
+    import logging
+
+    import sqlalchemy
+    from mlflow.exceptions import MlflowException
+    from mlflow.store.tracking import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    for name in ("alembic", "mlflow.store.db.utils"):  # the migrations' chatter says nothing a user needs
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    making = path.with_name(f".{path.name}.creating-{os.getpid()}")
+    url = sqlite_url(making)
+    try:
         try:
-            return db.execute("SELECT count(*) FROM experiments").fetchone()[0] == 0
-        except sqlite3.OperationalError:  # no experiments table yet
-            return True
+            # The artifact root MLflow gives a store it creates itself (its Default experiment's location).
+            SqlAlchemyStore(url, DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH)
+        finally:
+            engine = SqlAlchemyStore._engine_map.pop(url, None)
+            if engine is not None:
+                engine.dispose()
+        _sync(making)
+        os.replace(making, path)
+        _sync(path.parent)
+    except (OSError, sqlite3.Error, sqlalchemy.exc.SQLAlchemyError, MlflowException) as e:
+        _discard_creations(path)
+        raise UserError(
+            f"--tracking-uri: could not create the MLflow store {path} ({_why(e)}); free some space or raise "
+            "the file-size limit (ulimit -f) and run again: nothing was written in its place"
+        ) from None
+
+
+def _why(error: BaseException) -> str:
+    """The first line of the innermost cause (sqlite's own words: `disk I/O error`, `database or disk is
+    full`), not the wrappers' text around it."""
+    while error.__cause__ is not None or error.__context__ is not None:
+        error = error.__cause__ or error.__context__
+    text = getattr(error, "strerror", None) or (str(error).splitlines() or [""])[0]
+    return f"{type(error).__name__}: {text[:160]}"
+
+
+def _sync(path: Path) -> None:
+    """The file or folder `path` written to the disk, so a rename never lands before its contents."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _copy_then_migrate(path: Path, version: str, head: str) -> None:
@@ -187,8 +327,16 @@ def _migrate(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _exclusive(path: Path):
-    """An exclusive flock on the store file (SQLite's own locks are fcntl locks: they do not meet)."""
-    with open(path, "rb") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+def _exclusive(folder: Path):
+    """An exclusive flock on the store's folder: no lock file is left in it, and it is never the store file
+    (SQLite's own locks are fcntl locks, which a flock does not meet, but a store renamed into place is
+    another file than the one a waiting process opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise UserError(f"--tracking-uri: cannot open the folder {folder}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)

@@ -77,9 +77,11 @@ class Stores:
         # MLflow draws a progress bar per artifact it reads (a report reads one per run): noise in a log
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
-        # The migration chatter on first use of a SQLite store says nothing a user needs.
-        for name in ("alembic", "mlflow.store.db.utils"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+        # The migration chatter on first use of a SQLite store says nothing a user needs, and MLflow logs
+        # the traceback of a failed write (`mlflow.store.db.utils`) before raising it: the CLI says it in
+        # one line (ablate.store.write_failure), and any other error keeps its own traceback.
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
         return mlflow.MlflowClient(tracking_uri=self.mlflow_uri())
 
     def optuna_url(self) -> str:
