@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ablate.bench.measure import Arm, ForeignCpu, forward_step, timed, train_step, undisturbed
 from ablate.hardware.allocator import tune_glibc_malloc
 from ablate.hardware.device import CpuOps
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import load_recipe
-from ablate.train.bench import Arm, ForeignCpu, forward_step, timed, train_step, undisturbed
 from ablate.train.optimizer import for_run
 from ablate.train.timed_step import TimedStep
 from components.attention import backends

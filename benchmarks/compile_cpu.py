@@ -6,7 +6,7 @@ Markdown table with the compiled/eager throughput ratio per variant and appends 
 
     python benchmarks/compile_cpu.py --scale cpu --threads 1 --csv benchmarks/compile_cpu.csv
 
-A script, not a verb: it measures one setting for the notes. Steps are `ablate bench`'s (ablate.train.bench:
+A script, not a verb: it measures one setting for the notes. Steps are `ablate bench`'s (ablate.bench.measure:
 `train_step`, the device seam's clock, retaken while other processes used the CPU).
 """
 
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
+from ablate.bench.measure import Arm, train_step, undisturbed
 from ablate.hardware.allocator import tune_glibc_malloc
 from ablate.hardware.device import cpu_name, device_ops
 from ablate.hardware.precision import choose_precision
 from ablate.model.decoder import attention_kernel
 from ablate.recipe.resolve import load_recipe
-from ablate.train.bench import Arm, train_step, undisturbed
 from ablate.train.module import compile_seconds
 from ablate.train.timed_step import build_step
 

@@ -1,5 +1,5 @@
 """`ablate bench`: training and forward throughput, peak memory and MFU of a recipe's variants per
-sequence length, interleaved in one run (the measurement itself: ablate.train.bench), written to
+sequence length, interleaved in one run (the measurement itself: ablate.bench.measure), written to
 `bench.csv`, `bench.md`, `ratios.csv` and `bench.png`.
 
 `run_bench`'s options: `overrides`, dotted recipe overrides, as the other verbs take them; `backend`
@@ -7,7 +7,7 @@ overrides every arm's `attention_backend`; `compile` wraps each model in `torch.
 `train.compile` does); `device`: "cpu", "cuda", "cuda:N" (default: CUDA when present); `precision`:
 "auto" (the device's rule, `ablate.hardware.precision`) or one of `PRECISIONS`; `tune_malloc` keeps freed
 memory in glibc's heap (`tune_glibc_malloc`); `retries`: a measurement during which other processes used
-more than `ablate.train.bench.DISTURBED` of the CPU is taken again, up to this many times;
+more than `ablate.bench.measure.DISTURBED` of the CPU is taken again, up to this many times;
 `peak_budget_s` and `peak_max_size` bound each matmul-peak measurement in time and size; `ops`: the
 device's clock and memory peak (an `ablate.hardware.device.DeviceOps`; default: `device_ops(device)`;
 tests pass a stand-in); `step_timer`: what times a training step for `auto`'s choice on a CPU claiming
@@ -21,8 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ablate.bench.defaults import PEAK_BUDGET_S, PEAK_MAX_SIZE, PRECISIONS, TOKENS_PER_STEP
 from ablate.core.errors import UserError
-from ablate.train.bench_defaults import PEAK_BUDGET_S, PEAK_MAX_SIZE, PRECISIONS, TOKENS_PER_STEP
 
 
 def bench(
@@ -107,12 +107,12 @@ def run_bench(
 
     import torch
 
-    import ablate.train.bench as lib
+    import ablate.bench.measure as lib
+    from ablate.bench.results import write_results
     from ablate.hardware.allocator import tune_glibc_malloc
     from ablate.hardware.device import device_ops
     from ablate.hardware.precision import compute_dtype
     from ablate.recipe.resolve import load_recipe
-    from ablate.train.bench_results import write_results
 
     variants = list(variants)
     seq_lens = _seq_lens(seq_lens, recipe_path, overrides, scale)
@@ -165,9 +165,9 @@ def run_bench(
 def _seq_lens(
     seq_lens: Sequence[int] | None, recipe_path: str, overrides: Sequence[tuple[str, Any]], scale: str
 ) -> list[int]:
-    """The lengths to time: those given, else the recipe's at `scale` (ablate.train.bench.default_seq_lens)."""
+    """The lengths to time: those given, else the recipe's at `scale` (ablate.bench.measure.default_seq_lens)."""
     if seq_lens is None:
-        import ablate.train.bench as lib
+        import ablate.bench.measure as lib
         from ablate.recipe.resolve import load_recipe
 
         seq_lens = lib.default_seq_lens(load_recipe(recipe_path, list(overrides), scale=scale))

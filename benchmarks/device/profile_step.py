@@ -9,7 +9,7 @@ time (`share_of_kernels`: what is left of 1 in the step's share is time the devi
 launches and Python). `p_steps.csv`: per arm, the step's milliseconds, the kernels' total and their
 count. Written arm by arm, so a part stopped at its box keeps the arm it finished.
 
-The model, batch and step are `ablate.train.bench`'s (`build_arms`, `train_step`): the step `ablate bench`
+The model, batch and step are `ablate.bench.measure`'s (`build_arms`, `train_step`): the step `ablate bench`
 times is the step profiled.
 """
 
@@ -59,7 +59,7 @@ def kernel_rows(variant: str, events, step_ms: float, on_cuda: bool) -> tuple[li
 
 
 def main(ctx) -> None:
-    import ablate.train.bench as lib
+    import ablate.bench.measure as lib
     from ablate.hardware.device import device_ops
     from ablate.hardware.precision import choose_precision
     from ablate.recipe.resolve import load_recipe

@@ -14,15 +14,15 @@ import pytest
 import torch
 from cli_helpers import assert_one_line_error, run_cli
 
+from ablate.bench.ceilings import flop_ceilings
+from ablate.bench.measure import matmul_peak
+from ablate.bench.results import COLUMNS, PEAK_SUSPECT, model_flop_utilization
 from ablate.core.errors import UserError
 from ablate.hardware.device import CpuOps, CudaOps, device_ops
 from ablate.hardware.precision import ENV, autocast
 from ablate.model.cost import model_cost
 from ablate.recipe.resolve import load_recipe
 from ablate.sweep.estimate import calibrate
-from ablate.train.bench import matmul_peak
-from ablate.train.bench_ceilings import flop_ceilings
-from ablate.train.bench_results import COLUMNS, PEAK_SUSPECT, model_flop_utilization
 from ablate.verbs.bench import run_bench
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "table6.yaml"
@@ -77,8 +77,8 @@ def test_run_bench_writes_csv_markdown_and_plot(tmp_path, capsys, monkeypatch, n
 
 
 def test_the_default_rows_hold_the_scales_training_length():
+    from ablate.bench.measure import default_seq_lens
     from ablate.recipe.resolve import load_recipe
-    from ablate.train.bench import default_seq_lens
 
     lens = {scale: default_seq_lens(load_recipe(RECIPE, scale=scale)) for scale in ("cpu", "tiny", "small")}
     assert lens == {
@@ -91,7 +91,7 @@ def test_the_default_rows_hold_the_scales_training_length():
 def test_the_kernel_is_named_per_sequence_length_where_auto_chooses_by_length():
     """`auto` picks diff's CPU core by sequence length (`combined` up to 256): the markdown names each kernel
     with its lengths, and each ratios.csv row the kernel that ran at its length."""
-    from ablate.train.bench_results import _kernels_by_length, ratios
+    from ablate.bench.results import _kernels_by_length, ratios
 
     kernel_at = {("transformer", 256): "sdpa", ("transformer", 512): "sdpa"}
     kernel_at |= {("diff", 256): "combined", ("diff", 512): "sdpa_padded"}
@@ -364,7 +364,7 @@ def test_a_long_step_still_says_it_is_running():
     timeout guards a hang)."""
     import time
 
-    from ablate.train.bench import StillRunning
+    from ablate.bench.measure import StillRunning
 
     lines: list[str] = []
     with StillRunning(lines.append, "warm-up 1/2: diff seq_len 1024", every=0.05):

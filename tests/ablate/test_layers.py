@@ -34,7 +34,8 @@ LAYERS: list[str] = [
     "probes",  # kind `probe` and running them on finished runs (`ablate eval`)
     "report",  # tables, checks, statistics, plots of finished runs; fit reports
     "fitting",  # scaling-law and loss-curve fits (numbers in, numbers out)
-    "train",  # one run: the Lightning loop, its launch, progress, metrics; bench
+    "bench",  # `ablate bench`: throughput, memory, MFU of each variant's run's own step
+    "train",  # one run: its steps, budgets, resume, the choices it trains on, its optimizer
     "store",  # MLflow (tracking, server) and the Optuna study's location
     "recipe",  # YAML -> typed runs: resolve, match, search, check
     "analysis",  # attention analyses of trained models on tasks
@@ -265,9 +266,9 @@ def test_no_module_is_left_at_the_top_but_the_command_line():
             "ablate.probes.run (probes) imports ablate.report.write: probes never imports report",
         ),
         (
-            "ablate/train/bench.py",
+            "ablate/train/module.py",
             "from components.attention.backends import check_backend\n",
-            "ablate.train.bench (train) imports components.attention.backends: train never imports components",
+            "ablate.train.module (train) imports components.attention.backends: train never imports components",
         ),
         (  # a config module that the recipe imports, importing more than ablate.core
             "ablate/train/config.py",

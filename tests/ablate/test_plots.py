@@ -97,7 +97,7 @@ def test_probe_plot_keeps_the_loss_plots_colours_and_promises_no_interval_for_on
 
 
 def test_bench_plot_draws_what_its_legend_lists_at_a_single_length(figures, tmp_path):
-    from ablate.train.bench_results import _plot
+    from ablate.bench.results import _plot
 
     rows = [
         {"variant": v, "seq_len": 1024, "train_tok_s": 100.0 + i, "fwd_tok_s": 300.0, "peak_mem_mb": 50.0}

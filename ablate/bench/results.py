@@ -1,6 +1,6 @@
-"""What `ablate bench` writes from its measured arms (ablate.train.bench): `bench.csv`, `bench.md`,
+"""What `ablate bench` writes from its measured arms (ablate.bench.measure): `bench.csv`, `bench.md`,
 `ratios.csv` and `bench.png`; the MFU of each arm, and each variant's ratios to the first beside its FLOP
-ceilings (ablate.train.bench_ceilings)."""
+ceilings (ablate.bench.ceilings)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
+from ablate.bench.ceilings import flop_ceilings
+from ablate.bench.measure import DISTURBED, Arm
 from ablate.core.tables import markdown_table
 from ablate.model.config import ModelConfig
 from ablate.model.decoder import attention_kernel
-from ablate.train.bench import DISTURBED, Arm
-from ablate.train.bench_ceilings import flop_ceilings
 
 COLUMNS = ("variant", "seq_len", "train_tok_s", "fwd_tok_s", "peak_mem_mb", "mfu")
 PEAK_SUSPECT = "n/a (peak suspect)"

@@ -29,8 +29,8 @@ warm-up each; the tables report the median over rounds. One progress line per ar
 as it goes (tokens/s so far, time left). The machine is shared: `bench.md` records the load average
 before and after.
 
-The FLOP ceilings set beside the measured ratios are computed in `ablate.train.bench_ceilings`; the files
-are written from the measurements by `ablate.train.bench_results`.
+The FLOP ceilings set beside the measured ratios are computed in `ablate.bench.ceilings`; the files
+are written from the measurements by `ablate.bench.results`.
 """
 
 from __future__ import annotations
@@ -47,6 +47,13 @@ from typing import Any
 
 import torch
 
+from ablate.bench.defaults import (  # noqa: F401 (the bench's defaults, read through this module too)
+    PEAK_BUDGET_S,
+    PEAK_MAX_SIZE,
+    PRECISIONS,
+    STANDARD_SEQ_LENS,
+    TOKENS_PER_STEP,
+)
 from ablate.core.errors import UserError
 from ablate.core.registry import closest
 from ablate.core.tables import format_seconds
@@ -54,13 +61,6 @@ from ablate.hardware.device import CpuOps, DeviceOps
 from ablate.model.config import ModelConfig
 from ablate.model.cost import model_cost
 from ablate.train import timed_step
-from ablate.train.bench_defaults import (  # noqa: F401 (the bench's defaults, read through this module too)
-    PEAK_BUDGET_S,
-    PEAK_MAX_SIZE,
-    PRECISIONS,
-    STANDARD_SEQ_LENS,
-    TOKENS_PER_STEP,
-)
 from ablate.train.config import TrainConfig
 from ablate.train.timed_step import TimedStep, build_step
 
