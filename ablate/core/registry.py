@@ -16,11 +16,13 @@ list what is allowed and the closest match.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import functools
 import importlib
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
@@ -243,7 +245,29 @@ def builder(
     return make
 
 
+# Why no module path is resolved now (`importing_nothing`), or None: a spec's `class_path` and a recipe's
+# `imports:` are the two ways a recipe names code, and both are resolved here, in `_import_class` and
+# `load_plugins`.
+_REFUSING: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "ablate_importing_nothing", default=None
+)
+
+
+@contextlib.contextmanager
+def importing_nothing(why: str) -> Iterator[None]:
+    """While held, a `class_path` or an `imports:` module is one line ending in `why` instead of an import
+    (what `--from` reads from an export is data: ablate.store.export); registered components, installed
+    code found through the entry points, still build."""
+    token = _REFUSING.set(why)
+    try:
+        yield
+    finally:
+        _REFUSING.reset(token)
+
+
 def _import_class(path: str, *, key: str) -> type:
+    if (why := _REFUSING.get()) is not None:
+        raise UserError(f"{key}.class_path: {str(path)!r} is not imported: {why}")
     module_name, _, attr = str(path).rpartition(".")
     try:
         return getattr(importlib.import_module(module_name), attr)
@@ -268,6 +292,8 @@ def load_plugins(imports: Iterable[str] = ()) -> None:
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             importlib.import_module(ep.value)
     for module in imports:
+        if (why := _REFUSING.get()) is not None:
+            raise UserError(f"imports: {module!r} is not imported: {why}")
         try:
             importlib.import_module(module)
         except ImportError as e:

@@ -160,25 +160,25 @@ def rebuild_fit(folder: Path) -> list[Path]:
     """`ablate fit --from FOLDER`: write a grid fit's folder again from its export alone (no store, no
     training), with the recipe file the export names, read from this checkout, and the fit's own options."""
     from ablate.report.write import exported_recipe
-    from ablate.store.export import SCHEME, read_meta
+    from ablate.store.export import SCHEME, reading
     from ablate.store.stores import Stores
 
-    settings = read_meta(folder)["report"]
-    if "fit" not in settings:
-        raise UserError(
-            f"ablate fit --from: {folder}'s export was written by a sweep's report, not by `ablate fit`; "
-            f"use ablate report --from {folder}"
+    with reading(folder) as settings:  # the export and every file it names, as data
+        if "fit" not in settings:
+            raise UserError(
+                f"ablate fit --from: {folder}'s export was written by a sweep's report, not by `ablate fit`; "
+                f"use ablate report --from {folder}"
+            )
+        recipe = exported_recipe(settings)
+        fit = settings["fit"]
+        return run_fit_recipe(
+            recipe,
+            Stores(folder, tracking_uri=SCHEME + str(folder)),
+            scale=recipe.scale,
+            form=fit["form"],
+            out=Path(folder),
+            n_boot=fit["bootstrap"],
+            params_count=fit["params_count"],
+            seed=fit["seed"],
+            compare_with=fit.get("compare_with"),
         )
-    recipe = exported_recipe(settings)
-    fit = settings["fit"]
-    return run_fit_recipe(
-        recipe,
-        Stores(folder, tracking_uri=SCHEME + str(folder)),
-        scale=recipe.scale,
-        form=fit["form"],
-        out=Path(folder),
-        n_boot=fit["bootstrap"],
-        params_count=fit["params_count"],
-        seed=fit["seed"],
-        compare_with=fit.get("compare_with"),
-    )

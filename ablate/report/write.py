@@ -278,36 +278,35 @@ def rebuild_report(folder: Path) -> Path:
     """`ablate report --from FOLDER`: write FOLDER's report again from its export alone (no store, no
     training), with the recipe file the export names, read from this checkout."""
     from ablate.recipe.search import SearchSpec, load_search_spec
-    from ablate.store.export import SCHEME, exported_study, read_meta
+    from ablate.store.export import SCHEME, exported_study, reading
     from ablate.store.stores import Stores
     from ablate.store.study import SweepContext
 
-    settings = read_meta(folder)["report"]
-    if "fit" in settings:
-        raise UserError(
-            f"ablate report --from: {folder} is a grid fit's folder; use ablate fit --from {folder}"
+    with reading(folder) as settings:  # the export and every file it names, as data
+        if "fit" in settings:
+            raise UserError(
+                f"ablate report --from: {folder} is a grid fit's folder; use ablate fit --from {folder}"
+            )
+        recipe = exported_recipe(settings)
+        ctx = SweepContext(
+            recipe=recipe,
+            scale=recipe.scale,
+            seeds=settings["seeds"],
+            stores=Stores(folder, tracking_uri=SCHEME + str(folder)),
+            search=load_search_spec(settings["search"]) if settings["search"] else SearchSpec(),
+            search_path=settings["search"],
+            grace_period=settings["grace_period"],
+            progress=False,
         )
-    recipe = exported_recipe(settings)
-    ctx = SweepContext(
-        recipe=recipe,
-        scale=recipe.scale,
-        seeds=settings["seeds"],
-        stores=Stores(folder, tracking_uri=SCHEME + str(folder)),
-        search=load_search_spec(settings["search"]) if settings["search"] else SearchSpec(),
-        search_path=settings["search"],
-        grace_period=settings["grace_period"],
-        progress=False,
-    )
-    return write_report(ctx, exported_study(folder), folder, settings.get("compare_with"))
+        return write_report(ctx, exported_study(folder), folder, settings.get("compare_with"))
 
 
 def exported_recipe(settings: dict[str, Any]) -> Any:
     """The recipe an export's report settings name (export_settings), read from this checkout, with the
-    overrides and scale the report was written with."""
+    overrides and scale the report was written with (inside ablate.store.export.reading, which read it as
+    data first)."""
     from ablate.recipe.resolve import load_recipe
-    from ablate.store.export import check_recipe_is_data
 
-    check_recipe_is_data(Path(settings["recipe"]))
     return load_recipe(settings["recipe"], [tuple(o) for o in settings["overrides"]], scale=settings["scale"])
 
 

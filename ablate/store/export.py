@@ -19,8 +19,10 @@ a path of the machine that trained, which a reader does not have and no report u
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -255,22 +257,44 @@ def check_settings(settings: Any, where: Path) -> None:
 CODE_KEYS = {"class_path", "init_args", "imports"}
 
 
-def check_recipe_is_data(path: Path) -> None:
-    """The recipe an export names, read as data before it is loaded: `--from` imports nothing, so a recipe
-    that lists `imports:` or names a `class_path` anywhere (a plugin's code) is one line, whichever folder
-    holds it. Registered components (the `ablate.components` entry points: installed code) still load."""
+NAMED_FILES = {"recipe": "recipe", "search": "search spec"}  # the YAML files an export's settings name
+
+
+@contextlib.contextmanager
+def reading(folder: Path) -> Iterator[dict[str, Any]]:
+    """The one way `--from` reads an export: its report settings (`read_meta`: every field checked), with
+    every file they name read as data first (`check_is_data`), and, while the caller rebuilds from them,
+    no module path resolved anywhere (ablate.core.registry.importing_nothing): an export never runs code,
+    whatever it holds or names. Registered components (installed code) still build."""
+    from ablate.core import registry
+
+    settings = read_meta(folder)["report"]
+    for key, what in NAMED_FILES.items():
+        if settings.get(key):
+            check_is_data(Path(settings[key]), what)
+    why = f"--from {folder}: an export is data and never runs code; write the report from its store instead"
+    with registry.importing_nothing(why):
+        yield settings
+
+
+def check_is_data(path: Path, what: str) -> None:
+    """A YAML file an export names (`NAMED_FILES`), read as data before it is loaded: one that lists
+    `imports:` or names a `class_path` anywhere, as a key or a part of a dotted key (a search spec's
+    `base.model.attention.class_path`), is one line naming the file and the key, whichever folder holds
+    it."""
     from ablate.core.config import read_yaml_file
 
     path = Path(path)
     if not path.is_file():
-        return  # load_recipe says so in its own line
-    raw = read_yaml_file(path, "recipe")
+        return  # load_recipe and load_search_spec say so in their own line
+    raw = read_yaml_file(path, what)
 
     def code_keys(node: Any, at: str) -> str | None:
         if isinstance(node, dict):
             for key, value in node.items():
                 here = f"{at}.{key}" if at else str(key)
-                if key == "class_path" or (key == "imports" and value):
+                parts = str(key).split(".")
+                if "class_path" in parts or (parts[-1] == "imports" and value):
                     return here
                 if (found := code_keys(value, here)) is not None:
                     return found
@@ -282,8 +306,8 @@ def check_recipe_is_data(path: Path) -> None:
 
     if (key := code_keys(raw, "")) is not None:
         raise UserError(
-            f"--from: the export's recipe {path} sets {key}, which imports code, and an export never runs "
-            f"code; write the report from its store instead (ablate report {path})"
+            f"--from: the export's {what} {path} sets {key}, which imports code, and an export never runs "
+            "code; write the report from its store instead"
         )
 
 

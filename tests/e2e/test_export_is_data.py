@@ -103,3 +103,81 @@ def test_a_crafted_fit_setting_is_one_line_before_any_resample(tmp_path, fit, fr
     before = files_under(tmp_path)
     one_line(run_cli_here("fit", "--from", "reports/mini/", cwd=tmp_path), "--from:", fragment)
     assert files_under(tmp_path) == before
+
+
+def _spec_beside_the_export(folder: Path, marker: Path, space: str) -> None:
+    """A search spec inside the export's folder whose searched values name a class in a module beside it
+    (`payload.py`, which writes `marker` when imported), and the export's settings naming that spec."""
+    (folder / "payload.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\nclass Attention: pass\n")
+    (folder / "spec.yaml").write_text(f"name: evil\nspace:\n  {space}\n")
+    edit_meta(folder, lambda m: m["report"].update(search="reports/mini/spec.yaml"))
+
+
+SPECS = {
+    "class-path-value": (
+        "base.model.attention: {values: [{class_path: reports.mini.payload.Attention}]}",
+        "space.base.model.attention.values[0].class_path",
+    ),
+    "class-path-dotted-key": (
+        "base.model.attention.class_path: {values: [reports.mini.payload.Attention]}",
+        "space.base.model.attention.class_path",
+    ),
+}
+
+
+@pytest.mark.parametrize("space, key", SPECS.values(), ids=SPECS.keys())
+def test_a_search_spec_naming_code_is_refused_under_python_m_from_the_folders_parent(tmp_path, space, key):
+    """`python -m ablate.cli` puts the current folder on sys.path: `reports.mini.payload` would import."""
+    folder = copy_export(tmp_path)
+    marker = tmp_path / "payload-ran"
+    _spec_beside_the_export(folder, marker, space)
+    before = files_under(tmp_path)
+    proc = run_cli("report", "--from", "reports/mini/", cwd=tmp_path)
+    one_line(proc, "--from:", "search spec", "spec.yaml", key)
+    assert not marker.exists() and files_under(tmp_path) == before
+
+
+def test_a_search_spec_naming_a_module_of_the_standard_library_imports_nothing(tmp_path):
+    folder = copy_export(tmp_path)
+    (folder / "spec.yaml").write_text("space:\n  base.model.attention: {values: [{class_path: this.Zen}]}\n")
+    edit_meta(folder, lambda m: m["report"].update(search="reports/mini/spec.yaml"))
+    before = files_under(tmp_path)
+    proc = run_cli("report", "--from", "reports/mini/", cwd=tmp_path)
+    one_line(proc, "--from:", "class_path")
+    assert "Beautiful is better than ugly" not in proc.stdout + proc.stderr  # `import this` prints it
+    assert files_under(tmp_path) == before
+
+
+def test_a_grid_fits_export_reads_its_recipe_through_the_same_check(tmp_path):
+    folder = copy_export(tmp_path)
+    marker = tmp_path / "payload-ran"
+    _recipe_beside_the_export(tmp_path, folder, marker)
+    edit_meta(folder, lambda m: m["report"].update(fit=FIT))
+    before = files_under(tmp_path)
+    one_line(run_cli_here("fit", "--from", "reports/mini/", cwd=tmp_path), "--from:", "evil.yaml", "imports")
+    assert not marker.exists() and files_under(tmp_path) == before
+
+
+def test_while_an_export_is_read_no_module_path_is_resolved_whatever_names_it(tmp_path):
+    """The registry's refusal `ablate.store.export.reading` holds: a spec's class_path and an `imports:`
+    module are one line, not an import, even where no file check saw them; registered names still build."""
+    import sys
+
+    from ablate.core import registry
+    from ablate.core.errors import UserError
+
+    (tmp_path / "payload_never.py").write_text("raise SystemExit('imported')\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with registry.importing_nothing("an export is data"):
+            with pytest.raises(UserError, match=r"model.attention.class_path: 'payload_never.A' is not imp"):
+                registry.build("attention", {"class_path": "payload_never.A"}, key="model.attention")
+            with pytest.raises(UserError, match=r"imports: 'payload_never' is not imported: an export is"):
+                registry.load_plugins(["payload_never"])
+            assert registry.get("attention", "softmax") is not None
+        assert "payload_never" not in sys.modules
+        with pytest.raises(SystemExit, match="imported"):  # outside the block, the same spec imports
+            registry.load_plugins(["payload_never"])
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("payload_never", None)
