@@ -36,8 +36,8 @@ from ablate.hardware.allocator import tune_glibc_malloc
 from ablate.hardware.device import CpuOps
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import load_recipe
+from ablate.train.choices.timed_step import TimedStep
 from ablate.train.optimizer import for_run
-from ablate.train.timed_step import TimedStep
 from components.attention import backends
 from components.attention.diff import DiffAttention
 from components.attention.softmax import SoftmaxAttention

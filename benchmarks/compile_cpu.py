@@ -27,8 +27,8 @@ from ablate.hardware.device import cpu_name, device_ops
 from ablate.hardware.precision import choose_precision
 from ablate.model.decoder import attention_kernel
 from ablate.recipe.resolve import load_recipe
+from ablate.train.choices.timed_step import build_step
 from ablate.train.module import compile_seconds
-from ablate.train.timed_step import build_step
 
 
 def arms_for(recipe_path: str, scale: str, variants: list[str], precision: str) -> list[tuple[str, Arm]]:

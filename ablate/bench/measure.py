@@ -7,7 +7,7 @@ equal work per step across lengths, and matrix products as tall as training's mi
 - where: `device` (default CUDA when present, else the CPU), in the precision `ablate.hardware.precision`'s rule
   chooses for it (`auto`: bf16 autocast where the device runs bf16 natively, float32 elsewhere; an
   explicit `precision` overrides). The choice and its reason are printed and written into bench.md.
-- training throughput: the variant's run's own training step (ablate.train.timed_step: forward, backward,
+- training throughput: the variant's run's own training step (ablate.train.choices.timed_step: forward, backward,
   gradient clipping, the run's AdamW and schedule from ablate.train.optimizer), in that precision, loss in
   float32 (as `ablate.train.module` computes it), tokens/s of wall-clock time (on CUDA, synchronised: see
   `ablate.hardware.device`).
@@ -60,9 +60,9 @@ from ablate.core.tables import format_seconds
 from ablate.hardware.device import CpuOps, DeviceOps
 from ablate.model.config import ModelConfig
 from ablate.model.cost import model_cost
-from ablate.train import timed_step
+from ablate.train.choices import timed_step
+from ablate.train.choices.timed_step import TimedStep, build_step
 from ablate.train.config import TrainConfig
-from ablate.train.timed_step import TimedStep, build_step
 
 DISTURBED = 0.05  # share of the machine's CPU used by other processes above which a timing is retaken
 
@@ -92,7 +92,7 @@ class ForeignCpu:
 
 @dataclass
 class Arm:
-    """One (variant, sequence length) of the bench: the run's step at that length (ablate.train.timed_step)
+    """One (variant, sequence length) of the bench: the run's step at that length (ablate.train.choices.timed_step)
     and what was measured of it."""
 
     variant: str
@@ -148,7 +148,7 @@ def build_arms(
     batch_size: int | None,
     tokens_per_step: int,
 ) -> tuple[list[Arm], dict[str, tuple]]:
-    """One run's step per variant (its model, optimizer and schedule: ablate.train.timed_step), shared by
+    """One run's step per variant (its model, optimizer and schedule: ablate.train.choices.timed_step), shared by
     its sequence lengths; one arm per (length, variant). Also {variant: (model, as it runs, optimizer)}."""
     steps = {
         variant: build_step(model, replace(train, compile=compile), precision, ops, batch=1)
@@ -288,7 +288,7 @@ class Progress:
 
 
 def train_step(arm: Arm) -> tuple[float, float]:
-    """One training step of the arm's run (ablate.train.timed_step); returns (seconds of the whole step,
+    """One training step of the arm's run (ablate.train.choices.timed_step); returns (seconds of the whole step,
     seconds of its optimizer part)."""
     return timed_step.train_step(arm.step)
 

@@ -1,8 +1,8 @@
 """Measured once, cached as JSON: the one helper of every measurement cache of the house.
 
 The CPU's matmul rates and a step's time in each precision (ablate.hardware.precision,
-ablate.train.step_precision, in the user's cache directory), `auto`'s attention choice per card and shape
-(ablate.train.attention_choice, in the workspace) and the `triton` kernels' launch configurations
+ablate.train.choices.precision, in the user's cache directory), `auto`'s attention choice per card and shape
+(ablate.train.choices.attention, in the workspace) and the `triton` kernels' launch configurations
 (components/attention/triton_configs.py) each keep one JSON object, `{key: entry}`, in one file. A cache
 only saves time, so whatever it holds is never trusted: the file is read only where it is a regular file of
 at most `MAX_BYTES`, UTF-8 JSON holding an object, and each entry only where its caller's `parse` accepts it.

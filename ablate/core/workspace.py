@@ -7,7 +7,7 @@ ask this value where things go instead of joining folder names to a loose path:
     <root>/runs/<experiment>/stable/<...>/    the stable phase a budgeted study keeps (ablate.train.branches)
     <root>/cache/tokens/<tokenizer>-<key>/    a corpus tokenised once (ablate.data.tokens)
     <root>/cache/tokenizers/<file>.json       a trained BPE (ablate.data.tokenizers)
-    <root>/cache/attention_choices.json       `auto`'s measured attention per card and shape (ablate.train.attention_choice)
+    <root>/cache/attention_choices.json       `auto`'s measured attention per card and shape (ablate.train.choices.attention)
     <root>/cache/kernels/                     the `triton` kernels' measured launch configurations (ablate.model.kernels)
     <root>/logs/                              local workers' output (ablate.sweep.local)
     <root>/slurm/                             submitit's scripts and logs (ablate.sweep.slurm)

@@ -13,7 +13,7 @@ the rates are cached per machine, CPU, thread count and torch version in the use
 `ablate.precision_reason` tag) names them. A CPU without the flags gets float32 without timing.
 
 Training, `ablate bench` and the sweep's estimate decide `auto` on such a CPU by the run's whole training
-step instead (`ablate.train.step_precision`, above this layer: it needs the model); the matmul is the rule
+step instead (`ablate.train.choices.precision`, above this layer: it needs the model); the matmul is the rule
 only where no model is at hand.
 
 `ABLATE_NATIVE_BF16=1` or `0` in the environment forces the answer (tests and CI exercise both on one

@@ -15,7 +15,7 @@ import math
 import time
 
 PREFIX = "tokens/"  # MLflow names may hold letters, digits, _ - . space : / (no @)
-TOKENS = "tokens"  # the metric ablate.train.loop logs beside every training and validation metric
+TOKENS = "tokens"  # the metric ablate.train.run logs beside every training and validation metric
 
 
 def tokens_key(key: str) -> str:

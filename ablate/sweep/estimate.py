@@ -20,7 +20,7 @@ from ablate.hardware.precision import autocast, compute_dtype, training_device
 from ablate.model.cost import model_cost
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import RunSpec
-from ablate.train.step_precision import choose_step_precision
+from ablate.train.choices.precision import choose_step_precision
 
 REAL_MODEL_LIMIT = 5e10  # training FLOPs of one calibration micro-batch above which the probe is used
 

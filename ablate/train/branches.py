@@ -28,9 +28,9 @@ from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import RunSpec
 from ablate.store import names, tracking
 from ablate.store.stores import Stores
-from ablate.train.loop import TrainOptions, train_run
 from ablate.train.records import TrainResult
 from ablate.train.resume import run_dir
+from ablate.train.run import TrainOptions, train_run
 
 
 class BranchPoints(L.Callback):

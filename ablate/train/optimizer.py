@@ -1,5 +1,5 @@
 """The optimizer and its schedule, built here and nowhere else: training (`LMModule.configure_optimizers`),
-the coordinate check (ablate.train.coord) and every timed step (ablate.train.timed_step, which `auto`'s
+the coordinate check (ablate.train.coord) and every timed step (ablate.train.choices.timed_step, which `auto`'s
 choices and `ablate bench` time) call this module, so what is timed and checked is what trains.
 
 Optimizer (Appendix E): AdamW with the recipe's betas, eps and weight decay. Weight decay applies to the

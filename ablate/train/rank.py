@@ -1,6 +1,6 @@
 """`python -m ablate.train.rank SPEC`: a local rank > 0 of a multi-device run, started by `ablate.train.launch`.
 
-Its own module so that `ablate.train.launch` (process plumbing, imported by `ablate.train.loop`) never imports the
+Its own module so that `ablate.train.launch` (process plumbing, imported by `ablate.train.run`) never imports the
 training code back: this entry point sits above both.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import RunSpec
 from ablate.train.launch import exit_with_parent
-from ablate.train.loop import train_rank
 from ablate.train.module import Diverged
+from ablate.train.run import train_rank
 
 
 def main(argv: list[str]) -> int:

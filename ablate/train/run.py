@@ -23,7 +23,8 @@ from ablate.model.decoder import build_model
 from ablate.recipe.resolve import RunSpec
 from ablate.store import tracking
 from ablate.store.stores import Stores
-from ablate.train import attention_choice, launch, records, trainer
+from ablate.train import launch, records, trainer
+from ablate.train.choices import attention as attention_choice
 from ablate.train.loaders import load_data, loaders
 from ablate.train.module import Diverged, LMModule, compile_seconds
 from ablate.train.records import Sink, TrainResult
@@ -44,16 +45,16 @@ class TrainOptions(TypedDict, total=False):
 def train_run(run: RunSpec, stores: Stores, **options: Unpack[TrainOptions]) -> TrainResult:
     """Train `run` (or resume it from its last checkpoint); returns the final validation metrics.
 
-    One process at a time trains a run folder (ablate.train.folder_lock): while another holds it, this one
+    One process at a time trains a run folder (ablate.train.resume_lock): while another holds it, this one
     waits up to `folder_wait` seconds, then stops in one line. Raises `Diverged` after marking the MLflow run
     FAILED with the reason.
     """
-    from ablate.train import folder_lock
+    from ablate.train import resume_lock
 
     if launch.global_rank(run.train) != 0:  # the other ranks train with rank 0, which holds the folder
         return train_rank(run, workspace=stores.workspace)
     stores.mlflow_uri()  # a damaged or foreign tracking store is one line before anything is written
-    with folder_lock.training(run_dir(stores.workspace, run), wait=options.get("folder_wait", 0.0)):
+    with resume_lock.training(run_dir(stores.workspace, run), wait=options.get("folder_wait", 0.0)):
         return _train_run(run, stores, options)
 
 

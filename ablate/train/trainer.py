@@ -15,8 +15,8 @@ from ablate.core.errors import UserError
 from ablate.hardware.precision import training_device
 from ablate.model.config import ModelConfig
 from ablate.train import launch
+from ablate.train.choices.precision import choose_step_precision
 from ablate.train.config import TrainConfig
-from ablate.train.step_precision import choose_step_precision
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Placement:
 
 def placement(cfg: TrainConfig, model: ModelConfig | None = None) -> Placement:
     """`train.accelerator` and `train.precision` resolved (ablate.hardware.precision), once per process;
-    `auto` on a CPU that claims native bf16 by `model`'s whole training step (ablate.train.step_precision)."""
+    `auto` on a CPU that claims native bf16 by `model`'s whole training step (ablate.train.choices.precision)."""
     device = training_device(cfg.accelerator)
     precision, why, _ = choose_step_precision(cfg.precision, device, model, cfg, key="train.precision")
     return Placement(device, precision, why)

@@ -11,7 +11,7 @@ more than `ablate.bench.measure.DISTURBED` of the CPU is taken again, up to this
 `peak_budget_s` and `peak_max_size` bound each matmul-peak measurement in time and size; `ops`: the
 device's clock and memory peak (an `ablate.hardware.device.DeviceOps`; default: `device_ops(device)`;
 tests pass a stand-in); `step_timer`: what times a training step for `auto`'s choice on a CPU claiming
-native bf16 (`ablate.train.step_precision`; tests inject timings); `echo`: print progress and the tables.
+native bf16 (`ablate.train.choices.precision`; tests inject timings); `echo`: print progress and the tables.
 """
 
 from __future__ import annotations
@@ -176,8 +176,8 @@ def _seq_lens(
 
 def _step_precision(precision: str, ops: Any, config: Any, train: Any, step_timer: Any) -> tuple[str, str]:
     """The precision the arms run in and why; `auto` on a CPU claiming native bf16: the first arm's whole
-    training step, timed both ways (ablate.train.step_precision)."""
-    from ablate.train.step_precision import choose_step_precision, time_step
+    training step, timed both ways (ablate.train.choices.precision)."""
+    from ablate.train.choices.precision import choose_step_precision, time_step
 
     chosen, why, _ = choose_step_precision(
         precision, ops.device, config, train, key="--precision", timer=step_timer or time_step

@@ -81,7 +81,7 @@ class Part(NamedTuple):
 # runner a function of a Context); its share comes out of the time left to the last. Seconds measured on an
 # H200 (reports/gpu-h200/parts.csv and rerun/parts.csv): a 22-25, b 31, c 95 for 150 + 130 steps (about 22 s
 # a variant's start, 0.15 s a Transformer step, 0.22 s a Diff step; c now also measures `auto`'s attention,
-# ablate.train.attention_choice: 4 eager candidates of 5 steps, Triton's first compile, about 12 s a
+# ablate.train.choices.attention: 4 eager candidates of 5 steps, Triton's first compile, about 12 s a
 # variant; and the `triton` candidate's first steps choose its launch configurations: 5 candidates for the
 # forward and for the single-pass backward per arm, 8 more Triton compiles than before, assumed about 10 s an
 # arm, kept in the workspace for every later part: KERNEL_CHOICE_S), e 70 (Diff's cold compile 18.4 s, its

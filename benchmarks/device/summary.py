@@ -32,7 +32,7 @@ MEANINGS = """\
   every 10 steps, val/loss at the end (on as many of 8 batches as the validation split holds, part e on
   2), tokens/s of the interval without the time spent compiling, and `compile_s`, the seconds spent in
   torch.compile so far (part e); `attention_choice` and `attention_timings_ms`: the attention `auto`
-  measured on CUDA and every candidate's milliseconds per step (ablate/train/attention_choice.py).
+  measured on CUDA and every candidate's milliseconds per step (ablate/train/choices/attention.py).
   The tables above: first and last logged training loss, last validation loss, median tokens/s of the
   intervals, the last `compile_s`.
 - `d_budgets.csv`: part d's validation loss, AR-Hit and Others at every token budget per variant and seed

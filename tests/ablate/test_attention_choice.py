@@ -13,7 +13,7 @@ import pytest
 from ablate.core.workspace import Workspace
 from ablate.model.config import ModelConfig
 from ablate.model.decoder import build_model
-from ablate.train.attention_choice import BACKENDS, choose_attention, training_config
+from ablate.train.choices.attention import BACKENDS, choose_attention, training_config
 from ablate.train.config import TrainConfig
 
 MODEL = ModelConfig(vocab_size=64, d_model=16, n_layers=1, head_dim=8)

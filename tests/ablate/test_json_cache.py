@@ -18,9 +18,9 @@ from ablate.core import json_cache
 from ablate.core.workspace import Workspace
 from ablate.hardware.precision import choose_precision, machine_key, measured_rates
 from ablate.model.config import ModelConfig
-from ablate.train.attention_choice import choose_attention
+from ablate.train.choices.attention import choose_attention
+from ablate.train.choices.precision import shape_key, step_timings
 from ablate.train.config import TrainConfig
-from ablate.train.step_precision import shape_key, step_timings
 from components.attention.triton_configs import FILE, Chooser, Config, Key, candidates
 
 FLAGGED = "flags\t\t: fpu avx2 avx512f avx512_bf16\n"  # a CPU whose flags claim native bf16

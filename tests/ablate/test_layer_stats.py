@@ -14,8 +14,8 @@ from ablate.model.decoder import build_model
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.layer_stats import EMBED, attn_out_key, layer_rms, residual_key
-from ablate.train.loop import train_run
 from ablate.train.resume import run_dir
+from ablate.train.run import train_run
 
 CONFIGS = {
     "softmax": {"attention": {"name": "softmax"}},

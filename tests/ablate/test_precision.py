@@ -27,7 +27,7 @@ from ablate.hardware.precision import (
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.config import TrainConfig
-from ablate.train.loop import train_run
+from ablate.train.run import train_run
 
 # Two logical CPUs each, flags lines as Linux prints them (shortened in the middle, the bf16 flags kept).
 ZEN3_AVX2 = """processor\t: 0

@@ -12,8 +12,8 @@ import pytest
 import ablate.hardware.precision as precision_module
 from ablate.hardware.precision import ENV
 from ablate.model.config import ModelConfig
+from ablate.train.choices.precision import choose_step_precision, step_timings, time_step
 from ablate.train.config import TrainConfig
-from ablate.train.step_precision import choose_step_precision, step_timings, time_step
 from ablate.verbs.bench import run_bench
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "table6.yaml"

@@ -23,9 +23,9 @@ from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.branches import train_budgets
 from ablate.train.config import TrainConfig
-from ablate.train.loop import train_run
 from ablate.train.optimizer import lr_factor
 from ablate.train.resume import run_dir
+from ablate.train.run import train_run
 
 
 def _train(**changes) -> TrainConfig:

@@ -15,7 +15,7 @@ from ablate.core.workspace import Workspace
 from ablate.data.tokenizers import bpe_cache_path, get_tokenizer
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
-from ablate.train.loop import train_run
+from ablate.train.run import train_run
 
 
 def _run(recipe_path: Path, steps: int = 8):

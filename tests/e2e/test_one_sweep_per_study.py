@@ -105,7 +105,7 @@ def test_a_lock_of_another_host_blocks_while_its_heartbeat_is_fresh(tmp_path):
 FOLDER_HOLDER = """
     import sys, time
     from pathlib import Path
-    from ablate.train.folder_lock import training
+    from ablate.train.resume_lock import training
 
     with training(Path(sys.argv[1])):
         print("held")
@@ -164,8 +164,8 @@ HANDER = """
 def test_a_worker_whose_trial_was_handed_away_stops_training_it(tmp_path, capsys, monkeypatch):
     from ablate.sweep.queue import claim_waiting, enqueue_missing
     from ablate.sweep.worker import parent_run_id, run_trial
-    from ablate.train.folder_lock import training
     from ablate.train.resume import run_dir
+    from ablate.train.resume_lock import training
 
     monkeypatch.setattr(queue, "HEARTBEAT_SECONDS", 0.2)  # the heartbeat looks five times a second
     recipe = write_recipe(tmp_path)

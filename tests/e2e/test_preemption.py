@@ -15,8 +15,8 @@ from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
 from ablate.sweep import preemption
-from ablate.train.loop import train_run
 from ablate.train.resume import run_dir
+from ablate.train.run import train_run
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from ablate.store.stores import Stores
 from ablate.store.study import open_study
 from ablate.sweep.queue import claim_waiting, enqueue_missing
 from ablate.sweep.status import status_report
-from ablate.train.loop import train_run
+from ablate.train.run import train_run
 from ablate.verbs.options import Shared, sweep_context
 
 

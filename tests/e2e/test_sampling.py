@@ -22,7 +22,7 @@ from ablate.data import load_tokens
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.branches import train_budgets
-from ablate.train.loop import train_run
+from ablate.train.run import train_run
 
 FIXTURE = Path(__file__).parent / "fixtures" / "random_sampling.json"
 

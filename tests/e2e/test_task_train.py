@@ -18,7 +18,7 @@ from ablate.core.contract import AttentionMaps
 from ablate.core.registry import register
 from ablate.recipe.resolve import load_recipe
 from ablate.store.stores import Stores
-from ablate.train.loop import train_run
+from ablate.train.run import train_run
 
 PLUGIN = '''
 """A user's task: copy the first token to the end."""

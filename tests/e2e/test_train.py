@@ -17,8 +17,8 @@ from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import load_recipe
 from ablate.store import tracking
 from ablate.store.stores import Stores
-from ablate.train.loop import train_run
 from ablate.train.optimizer import lr_factor
+from ablate.train.run import train_run
 from components.attention import triton_configs
 
 

@@ -53,7 +53,7 @@ def _where(path: Path, call: ast.Call) -> str:
 
 
 def test_the_sources_are_there():
-    assert len(SOURCES) > 20 and any(p.as_posix().endswith("ablate/train/loop.py") for p in SOURCES)
+    assert len(SOURCES) > 20 and any(p.as_posix().endswith("ablate/train/run.py") for p in SOURCES)
 
 
 def shell_problems(paths: list[Path]) -> list[str]:

@@ -32,8 +32,8 @@ import torch
 from ablate.core import json_cache
 from ablate.model.config import ModelConfig
 from ablate.store import names
+from ablate.train.choices.precision import shape_key
 from ablate.train.config import TrainConfig
-from ablate.train.step_precision import shape_key
 
 BACKENDS = ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "triton")
 
@@ -102,11 +102,11 @@ def cuda_device_key(device: str = "cuda") -> str:
 
 
 def time_candidate(model: ModelConfig, train: TrainConfig, precision: str, device: str) -> float | None:
-    """Seconds of one training step of the run (`model`, `train`: ablate.train.timed_step, its optimizer
+    """Seconds of one training step of the run (`model`, `train`: ablate.train.choices.timed_step, its optimizer
     and compiling) on CUDA: the fastest of `STEP_REPEATS` after `WARMUP` steps; None where the candidate
     cannot run there."""
     from ablate.hardware.device import device_ops
-    from ablate.train.timed_step import build_step, train_step
+    from ablate.train.choices.timed_step import build_step, train_step
 
     try:
         step = build_step(model, train, precision, device_ops(device))

@@ -1,5 +1,5 @@
 """`auto` precision on a CPU decided by the thing it decides: one whole training step of the run's own
-model (its step as `ablate.train.timed_step` builds it: forward, backward, clipping, the run's AdamW and
+model (its step as `ablate.train.choices.timed_step` builds it: forward, backward, clipping, the run's AdamW and
 schedule, compiled where the run compiles) timed in float32 and under bf16 autocast, the faster kept.
 
 A square matmul (`ablate.hardware.precision.measured_rates`) says how fast the CPU multiplies in bf16, not
@@ -48,10 +48,10 @@ StepTimer = Callable[[ModelConfig, TrainConfig, str], float]
 
 
 def time_step(model: ModelConfig, train: TrainConfig, precision: str) -> float:
-    """Seconds of one training step of the run (`model`, `train`: ablate.train.timed_step) on the CPU in
+    """Seconds of one training step of the run (`model`, `train`: ablate.train.choices.timed_step) on the CPU in
     `precision`: the fastest of `STEP_REPEATS` after a warm-up step, on random tokens (at most `MAX_TOKENS`
     a step)."""
-    from ablate.train.timed_step import build_step, train_step
+    from ablate.train.choices.timed_step import build_step, train_step
 
     batch = max(1, min(train.micro_batch_size, MAX_TOKENS // train.seq_len))
     step = build_step(model, train, precision, CpuOps(), batch=batch)

@@ -1,6 +1,6 @@
 """The run's training step, built and timed in one place: what `auto` measures to decide (the precision on
-a CPU, ablate.train.step_precision; the attention backend and compiling on CUDA,
-ablate.train.attention_choice) and what `ablate bench` times is the step the run takes.
+a CPU, ablate.train.choices.precision; the attention backend and compiling on CUDA,
+ablate.train.choices.attention) and what `ablate bench` times is the step the run takes.
 
 `build_step` makes it from the run's own sections: the model (`model:`, with the candidate's backend), its
 optimizer and lr schedule (ablate.train.optimizer, the one that trains: parameter groups, lr, betas, eps,
