@@ -66,6 +66,9 @@ def export_model(
     source: dict[str, Any] | None = None,
 ) -> Exported:
     """Write `model` (float32, as trained) and `tokenizer` (a `tokenizers.Tokenizer`) into the folder `out`."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a folder of a few files: the verb prints one line when it is written
     modules = component_modules(model)
     model = model.float().eval()
     mapped = convert.to_builtin(model, max_positions=max_positions)
@@ -121,7 +124,7 @@ def _custom(model: DecoderLM, modules: list[str], max_positions: int, eos_id: in
         eos_token_id=eos_id,
     )
     hf_model = AblateForCausalLM(config).float()
-    hf_model.ablate.load_state_dict(model.state_dict())
+    hf_model.decoder.load_state_dict(model.state_dict())
     return hf_model.eval()
 
 
@@ -135,3 +138,47 @@ def _save_tokenizer(tokenizer: Any, eos: str, max_positions: int, out: Path) -> 
         split_special_tokens=True,  # as ablate encodes: a literal end-of-document spelling is text
     )
     fast.save_pretrained(out)
+
+
+def export_run(
+    recipe: Any, stores: Any, *, scale: str, run: str, out: Path, checkpoint: str = "best"
+) -> Exported:
+    """The finished run named `run` (its name, e.g. `diff-s0`, a budget branch's name, or its MLflow run id) of
+    `recipe`'s sweep at `scale`, written to `out`; its MLflow run then links the folder."""
+    from ablate.hf.tokenizer import run_tokenizer
+    from ablate.probes.run import finished_runs, load_model
+    from ablate.store import names
+    from ablate.store.study import finished_sweep
+
+    ctx, study, client = finished_sweep(recipe, scale, stores, "export")
+    runs, left_out = finished_runs(ctx, study, client)
+    chosen = [(spec, run_id) for spec, run_id in runs if run in (spec.name, run_id)]
+    if not chosen:
+        known = ", ".join(spec.name for spec, _ in runs) or "none"
+        raise UserError(
+            f"--run: no finished run {run!r} in study {ctx.study_name!r}; finished runs: {known}"
+            + (f" (left out: {'; '.join(left_out)})" if left_out else "")
+        )
+    spec, run_id = chosen[0]
+    try:
+        model = load_model(spec, stores.workspace, checkpoint)
+    except FileNotFoundError as e:
+        raise UserError(
+            f"--checkpoint: {spec.name}: {e}; choose the other checkpoint (best or last)"
+        ) from None
+    tokenizer, eos = run_tokenizer(spec.data, stores.workspace)
+    source = {
+        "recipe": spec.recipe,
+        "scale": spec.scale,
+        "run": spec.name,
+        "run_key": spec.key,
+        "mlflow_run_id": run_id,
+        "checkpoint": checkpoint,
+        "seq_len": spec.train.seq_len,
+    }
+    exported = export_model(
+        model, out, tokenizer=tokenizer, eos=eos, max_positions=spec.train.seq_len, source=source
+    )
+    client.set_tag(run_id, names.HF_EXPORT, str(Path(out).resolve()))
+    client.set_tag(run_id, names.HF_EXPORT_CLASS, exported.architecture)
+    return exported

@@ -1,6 +1,6 @@
 """The custom-code path of an export: ablate's own `DecoderLM` behind `transformers`' Auto classes.
 
-An exported folder whose model has no built-in class (ablate.hf.convert) holds `modeling_ablate.py`, two
+An exported folder whose model has no built-in class (ablate.hf.convert) holds `modeling_ablate_lm.py`, two
 lines that import `AblateConfig` and `AblateForCausalLM` from this module, and a config.json whose `auto_map`
 names them; `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` then builds the model with
 the installed `ablate` (no sources are copied: the folder's code is the version of ablate installed where it
@@ -21,14 +21,14 @@ import torch
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-MODULE_FILE = "modeling_ablate.py"
+MODULE_FILE = "modeling_ablate_lm.py"
 MODULE_TEXT = (
     '"""An ablate model: the classes come from the installed `ablate` (pip install ablate[export])."""\n\n'
     "from ablate.hf.remote import AblateConfig, AblateForCausalLM  # noqa: F401\n"
 )
 AUTO_MAP = {
-    "AutoConfig": "modeling_ablate.AblateConfig",
-    "AutoModelForCausalLM": "modeling_ablate.AblateForCausalLM",
+    "AutoConfig": "modeling_ablate_lm.AblateConfig",
+    "AutoModelForCausalLM": "modeling_ablate_lm.AblateForCausalLM",
 }
 
 
@@ -62,7 +62,7 @@ class AblateForCausalLM(PreTrainedModel, GenerationMixin):
     """`DecoderLM` as a causal LM of `transformers`: logits for whole sequences, greedy or sampled `generate`."""
 
     config_class = AblateConfig
-    base_model_prefix = "ablate"
+    base_model_prefix = "decoder"
     _no_split_modules = ["Block"]
 
     def __init__(self, config: AblateConfig):
@@ -71,9 +71,9 @@ class AblateForCausalLM(PreTrainedModel, GenerationMixin):
             importlib.import_module(module)
         from ablate.model.decoder import DecoderLM
 
-        self.ablate = DecoderLM(config.ablate_model)
+        self.decoder = DecoderLM(config.ablate_model)
         if config.ablate_model.get("tie_embeddings"):
-            self._tied_weights_keys = {"ablate.lm_head.weight": "ablate.embed.weight"}
+            self._tied_weights_keys = {"decoder.lm_head.weight": "decoder.embed.weight"}
         self.post_init()
 
     @classmethod
@@ -84,10 +84,10 @@ class AblateForCausalLM(PreTrainedModel, GenerationMixin):
         """Nothing: every weight comes from the folder's safetensors."""
 
     def get_input_embeddings(self) -> torch.nn.Module:
-        return self.ablate.embed
+        return self.decoder.embed
 
     def get_output_embeddings(self) -> torch.nn.Module:
-        return self.ablate.lm_head
+        return self.decoder.lm_head
 
     def forward(
         self,
@@ -98,7 +98,7 @@ class AblateForCausalLM(PreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast:
         if attention_mask is not None and not _right_padded(attention_mask):
             raise ValueError("ablate's exported model takes padding on the right only (no left-padded masks)")
-        logits = self.ablate(input_ids)
+        logits = self.decoder(input_ids)
         loss = None
         if labels is not None:
             loss = torch.nn.functional.cross_entropy(

@@ -71,6 +71,10 @@ VARIANTS_ORDER = PREFIX + "variants"
 DIFFERENCES_REFERENCE = PREFIX + "differences.reference"
 DIFFERENCES_NO_INTERVAL = PREFIX + "differences.no_interval"
 
+# The run's transformers export (ablate.hf.export): the folder, and the class it loads as.
+HF_EXPORT = PREFIX + "export"
+HF_EXPORT_CLASS = PREFIX + "export.class"
+
 # Probes (ablate.probes.run): `ablate.probe.<probe>` holds the key of what was measured,
 # `ablate.probe.<probe>.settings` the settings it ran with.
 PROBE_PREFIX = PREFIX + "probe."

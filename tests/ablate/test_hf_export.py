@@ -159,10 +159,10 @@ def test_other_models_take_the_custom_code_path(tmp_path, case, plugin_path):
     assert exported.architecture == "AblateForCausalLM" and exported.remote_code
     assert named in exported.why_custom
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_ablate.AblateForCausalLM"
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_ablate_lm.AblateForCausalLM"
     # the folder's code imports the installed ablate: no copied sources
-    assert [p.name for p in tmp_path.glob("*.py")] == ["modeling_ablate.py"]
-    assert len((tmp_path / "modeling_ablate.py").read_text().splitlines()) <= 4
+    assert [p.name for p in tmp_path.glob("*.py")] == ["modeling_ablate_lm.py"]
+    assert len((tmp_path / "modeling_ablate_lm.py").read_text().splitlines()) <= 4
     if case == "a plugin's attention":
         assert "plugin_example" in config["imports"]
     _same_logits(model, tmp_path, remote=True)
