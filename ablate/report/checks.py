@@ -404,7 +404,8 @@ def layer_report(
     records: Sequence[Any], variant_order: Sequence[str], labels: Mapping[str, str]
 ) -> tuple[str, list[dict[str, Any]]]:
     """A table of attention-to-embedding RMS (first and last validation) and mean λ per row, with a warning
-    for rows whose attention starts much louder than the reference row's, and its cells as rows
+    for rows whose attention starts much louder than the reference row's (that a lag may be a transient, for
+    a row whose mean final loss is above the reference row's), and its cells as rows
     (`layer_stats.csv`); ('', []) when no run logged them."""
     groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
     for r in records:
@@ -425,6 +426,7 @@ def layer_report(
     first = {k: mean(attention_to_embedding(r.layer_curves, 0) for r in groups[k]) for k in keys}
     last = {k: mean(attention_to_embedding(r.layer_curves, -1) for r in groups[k]) for k in keys}
     lam = {k: mean(mean_lambda(r.layer_curves, -1) for r in groups[k]) for k in keys}
+    valid = {k: mean(r.values.get("valid", math.nan) for r in groups[k]) for k in keys}
     sized = any(size for size, _ in keys)
     rows = [
         [labels.get(v, v)]
@@ -451,11 +453,17 @@ def layer_report(
             if math.isfinite(first[k]) and math.isfinite(ref) and first[k] > SWAMP_FACTOR * ref
         ]
         for k in loud:
+            leads = valid[k] <= valid[mine[0]]  # False when either mean is unknown (nan)
             notes.append(
                 f"{labels.get(k[1], k[1])}{f' ({size})' if size else ''}: its attention writes "
                 f"{first[k]:.1f}x the embeddings' RMS at the first validation (reference row: {ref:.1f}x), "
-                "so early on it swamps the embeddings; a lag of this row may be a transient of the "
-                "warmup and learning rate rather than of the architecture."
+                "so early on it swamps the embeddings; "
+                + (
+                    "its mean final validation loss is not above the reference row's even so."
+                    if leads
+                    else "a lag of this row may be a transient of the warmup and learning rate rather "
+                    "than of the architecture."
+                )
             )
     cells = [
         {"variant": v, "label": labels.get(v, v), "size": size, "seeds": len(groups[(size, v)])}

@@ -274,6 +274,23 @@ def test_layer_diagnostics_flag_attention_that_swamps_the_embeddings_early():
     assert rc.layer_report([record("a", 0, 3.0)], ["a"], {})[0] == ""  # runs without layer statistics
 
 
+def test_a_loud_row_is_said_to_lag_only_when_its_mean_loss_is_above_the_reference_rows():
+    quiet = [with_layers(record("a", s, 3.0), [0.02, 0.05], [[0.01, 0.04], [0.03, 0.06]]) for s in range(2)]
+
+    def loud(losses: list[float]) -> list[RunRecord]:
+        return [
+            with_layers(record("b", s, v), [0.02, 0.05], [[0.4, 0.1], [0.6, 0.1]])
+            for s, v in enumerate(losses)
+        ]
+
+    lag = "a lag of this row may be a transient"
+    lagging = rc.layer_report(quiet + loud([3.2, 2.9]), ["a", "b"], {"b": "Diff"})[0]  # mean 3.05 > 3.0
+    leading = rc.layer_report(quiet + loud([2.7, 3.1]), ["a", "b"], {"b": "Diff"})[0]  # mean 2.9 < 3.0
+    assert "Diff: its attention writes 25.0x" in lagging and lag in lagging
+    assert "Diff: its attention writes 25.0x" in leading and lag not in leading
+    assert "its mean final validation loss is not above the reference row's even so" in leading
+
+
 def test_sensitivity_rows_go_by_the_recipes_size_order_not_by_name():
     import dataclasses
 
