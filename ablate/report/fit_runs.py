@@ -152,8 +152,10 @@ def fit_grid(
 def _write_grid(ctx, study, client, runs, fitted, reference, into: Path, settings, notes):
     """The grid fit's files into `into` (write_grid_report), and its export unless it was read from one."""
     from ablate.report.budget_cost import train_seconds
+    from ablate.report.provenance import FILE as PROVENANCE
+    from ablate.report.provenance import provenance_row
     from ablate.report.scaling import write_grid_report
-    from ablate.report.table import precisions
+    from ablate.report.table import precisions, write_csv
     from ablate.report.write import export_settings
     from ablate.store.export import write_export
     from ablate.store.study import completed_spans
@@ -174,6 +176,8 @@ def _write_grid(ctx, study, client, runs, fitted, reference, into: Path, setting
         data=data_note(runs),
         compare_with=settings.get("compare_with"),
     )
+    when = provenance_row(ctx.study_name, study, fitted)  # the date, wall-clock, machine as a CSV row
+    written.append(write_csv(into / PROVENANCE, [when]))
     if not ctx.stores.from_export:
         write_export(client, study, {**export_settings(ctx), "fit": settings}, into)
     return written, fits, conv

@@ -342,21 +342,6 @@ def add_convergence_columns(csv_rows: list[dict[str, Any]], convergence: dict[st
         row["predicted_gain_2x_tokens"] = math.nan if c is None else c.predicted_gain
 
 
-def study_time(study: Any) -> str:
-    """Wall-clock of the study's completed trials (first start to last end) and their summed run time."""
-    from ablate.store.study import completed_spans
-
-    spans = completed_spans(study.get_trials(deepcopy=False))
-    if not spans:
-        return "wall-clock: no completed trials"
-    wall = (max(end for _, end in spans) - min(start for start, _ in spans)).total_seconds()
-    summed = sum((end - start).total_seconds() for start, end in spans)
-    return (
-        f"wall-clock: {wall / 60:.1f} min from the first trial's start to the last one's end "
-        f"({summed / 60:.1f} min of trials summed over workers)"
-    )
-
-
 def precisions(records: list[RunRecord]) -> str:
     """The precisions the runs trained in, with the rule's reason (the machine's capability)."""
     seen = {

@@ -8,7 +8,6 @@ have them. This module is the one that knows all parts, so the parts need not kn
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +17,10 @@ from ablate.report import tasks as task_report
 from ablate.report.checks import passes_columns
 from ablate.report.claims import CHECKED, check_claims
 from ablate.report.claims import FILE as CLAIMS
-from ablate.report.folder import writing
+from ablate.report.folder import refuse_links, writing
 from ablate.report.honesty import honesty_checks
+from ablate.report.provenance import FILE as PROVENANCE
+from ablate.report.provenance import date_line, provenance_row, wall_clock_line
 from ablate.report.run_records import collect
 from ablate.report.table import (
     add_convergence_columns,
@@ -28,9 +29,7 @@ from ablate.report.table import (
     edge_warnings,
     paper_rows,
     plot_loss_curves,
-    precisions,
     row_labels,
-    study_time,
     summary_rows,
     table_rows,
     write_csv,
@@ -87,6 +86,8 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path, compare_with: list
         write_csv(folder / CHECKED, claims)
     if paper := paper_rows(ctx):
         write_csv(folder / "paper.csv", paper)
+    when = provenance_row(ctx.study_name, study, all_records + budget_records)
+    write_csv(folder / PROVENANCE, [when])
     plot_loss_curves(records, row_labels(ctx), folder / "loss_curves.png", list(ctx.recipe.variants))
     more = _other_reports(ctx, study, records, budget_records, folder, compare_with)
     if not ctx.stores.from_export:  # the runs behind each file above: `ablate report --from` rebuilds them
@@ -101,15 +102,22 @@ def _write_files(ctx: SweepContext, study: Any, folder: Path, compare_with: list
             else ""
         )
         + (", `layer_stats.csv` (the residual-stream table's cells)" if honesty.layers else "")
-        + (f", `{CHECKED}` (the claims of `{CLAIMS}`, written before the runs, measured)" if claims else "")
+        + (
+            f", `{CHECKED}` (the claims of `{CLAIMS}` measured; the README says when and where they were first "
+            "written down, which is what puts them before the runs)"
+            if claims
+            else ""
+        )
         + "".join(f", `{path.name}`" for path in more)
     )
     shown_runs = len(records) if chosen else 0
-    header = _readme_header(ctx, study, all_records, budget_records, shown_runs, bool(paper), files)
+    header = _readme_header(ctx, study, all_records, budget_records, shown_runs, bool(paper), files, when)
     if carries_ui_series(ctx.stores.client(), all_records):
         header += ui_series_line(bool(budget_records))
+    from ablate.report.folder import kept_text
+
     readme = folder / "README.md"  # written last: its header lists every file the report wrote
-    kept = hand_written(readme.read_text(), header) if readme.exists() else ""
+    kept = kept_text(readme, header)
     readme.write_text(header + (f"\n{kept}" if kept else ""))
     return (
         "\n".join(honesty.header)
@@ -220,21 +228,23 @@ def _readme_header(
     shown: int,
     paper: bool,
     files: str,
+    when: dict[str, Any],
 ) -> str:
     """The generated part of the folder's README: how the report was made and what each file is (the
     code versions of every run, a budgeted study's budgets' too); `shown`: how many runs the table shows
     when it shows each variant's best of a search (else 0); `files`: the list after `loss_curves.png`'s
-    place, each starting with a comma."""
+    place, each starting with a comma; `when`: the folder's provenance row (ablate.report.provenance)."""
     shown_text = f"; the table shows each variant's best, {shown} runs" if shown else ""
     return (
         f"# How this report was made\n\n- command: `{study_command(study)}`\n- recipe: `{ctx.recipe.path}` (scale `{ctx.scale}`, "
         f"seeds {sorted({r.seed for r in all_records}) or ctx.seeds})\n- study: `{ctx.study_name}` ({len(all_records)} runs{shown_text})\n"
-        f"- code version of the runs: {runs_code_versions(all_records + budget_records)}\n- date: {study_date(study)}\n"
-        f"- {study_time(study)}\n- precision: {precisions(all_records)}\n"
+        f"- code version of the runs: {runs_code_versions(all_records + budget_records)}\n- date: {date_line(when)}\n"
+        f"- {wall_clock_line(when)}\n- precision: {when['precision']}\n"
         f"- files: `table.md`, `table.csv` (one row per run of the study; `in_table`: the table's), "
         "`summary.csv` (the table's cells as numbers)"
         + (", `paper.csv` (the paper's numbers the recipe quotes)" if paper else "")
         + files
+        + f", `{PROVENANCE}` (when, how long, on which machine, torch and precision the runs trained)"
         + f", `{RUNS_FILE}` and `{METRICS_FILE}` (the runs: config, tags, params, every metric series; "
         + "`ablate report --from` rebuilds this folder from them)\n"
     )
@@ -331,15 +341,6 @@ def inside_checkout(path: Any) -> str:
     return str(path)
 
 
-def hand_written(readme: str, generated: str) -> str:
-    """What a person wrote below the generated part (ablate.report.folder.hand_written: from the first
-    heading of any level the generator does not write): kept when the report is written again, so
-    `ablate report` never erases the interpretation of a committed report."""
-    from ablate.report.folder import hand_written as kept
-
-    return kept(readme, generated)
-
-
 def study_command(study: Any) -> str:
     """The `ablate sweep` command that made the study (recorded when it was enqueued), else this one's."""
     from ablate.store.study import command_line
@@ -353,22 +354,12 @@ def runs_code_versions(records: list[Any]) -> str:
     return ", ".join(f"`{v}`" for v in versions) or "not recorded"
 
 
-def study_date(study: Any) -> str:
-    """When the study's last trial ended: a report written again from the same study says the same."""
-    from ablate.store.study import completed_spans
-
-    spans = completed_spans(study.get_trials(deepcopy=False))
-    if not spans:
-        return "no completed trials"
-    end = max(end for _, end in spans)
-    return end.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC") + " (the last trial's end)"
-
-
 def _attach(ctx: SweepContext, study: Any, folder: Path) -> None:
     parent = study.user_attrs.get(names.PARENT_RUN_ATTR)
     if not parent:
         return
     client = ctx.stores.client()
+    refuse_links(folder, "ablate report")  # checked again when read: nothing uploaded through a link
     tracking.log_files(client, parent, sorted(folder.iterdir()), artifact_path="report")
     done, total = _counts(study)
     tracking.log_metrics(client, parent, {"trials_finished": done, "trials": total}, step=0)

@@ -46,6 +46,7 @@ ATTENTION_KERNEL = PREFIX + "attention_kernel"
 ATTENTION_CHOICE = PREFIX + "attention_choice"  # `auto` on CUDA: the core measured fastest
 ATTENTION_TIMINGS_MS = PREFIX + "attention_timings_ms"  # json: each candidate's milliseconds
 MACHINE = PREFIX + "machine"
+TORCH = PREFIX + "torch"  # the torch version that trained the run
 
 # The data it read (ablate.data.passes says what they mean).
 TRAIN_SPLIT_TOKENS = PREFIX + "train_split_tokens"

@@ -158,11 +158,22 @@ def run_tags(run, code: str, extra: dict[str, str] | None = None) -> dict[str, s
         names.SEED: str(run.seed),
         names.RUN_KEY: run.key,
         names.CODE_VERSION: code,
+        names.TORCH: _torch_version(),
     }
     if run.size:  # a recipe without sizes: no empty tag
         tags[names.SIZE] = run.size
     tags.update(extra or {})
     return tags
+
+
+def _torch_version() -> str:
+    """The installed torch's version, read from its package metadata (importing torch is not needed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "not installed"
 
 
 def open_run(
