@@ -9,7 +9,10 @@ kernel or the file system has no exchange, two renames are used and the old fold
 new one is in place, so the next writer puts it back if the process died between them.
 
 A link inside a report folder is refused: git keeps links, and writing through one would write outside
-the folder.
+the folder. So is a link among the siblings a killed writer leaves (`.NAME.old-PID`, `.NAME.writing-PID`),
+which a recovery would otherwise rename into place: every path is checked when it is used (the folder
+after the recovery, the copy read through a descriptor opened without following a link, the renamed
+folder after its rename), not once before.
 """
 
 from __future__ import annotations
@@ -55,13 +58,15 @@ def writing(folder: Path, flag: str = "report folder") -> Iterator[Path]:
     an exception, else remove it (the old folder stays as it was)."""
     folder = Path(folder).absolute()
     refuse_links(folder, flag)
-    recover(folder)
+    recover(folder, flag)
+    refuse_links(folder, flag)  # what the recovery put in place, checked again
     folder.parent.mkdir(parents=True, exist_ok=True)
     new = folder.parent / f".{folder.name}{WRITING}{os.getpid()}"
+    _refuse_link(new, flag)
     shutil.rmtree(new, ignore_errors=True)
     try:
         if folder.is_dir():
-            shutil.copytree(folder, new, symlinks=True)
+            _copy(folder, new, flag)
         else:
             new.mkdir()
         yield new
@@ -77,17 +82,48 @@ def writing(folder: Path, flag: str = "report folder") -> Iterator[Path]:
         shutil.rmtree(new, ignore_errors=True)
 
 
-def recover(folder: Path) -> None:
+def recover(folder: Path, flag: str = "report folder") -> None:
     """Undo what a killed writer left beside `folder`: an old folder between two renames comes back when
-    `folder` is missing; a sibling being written by a process that is gone is removed."""
+    `folder` is missing; a sibling being written by a process that is gone is removed. A sibling that is a
+    link (no writer leaves one) is one line: it is neither renamed into place nor removed."""
     for sibling in sorted(folder.parent.glob(f".{folder.name}.*")) if folder.parent.is_dir() else []:
         kind, _, pid = sibling.name[len(folder.name) + 1 :].rpartition("-")
         if f"{kind}-" not in (WRITING, OLD) or not pid.isdigit() or _alive(int(pid)):
             continue
-        if f"{kind}-" == OLD and not folder.exists():
+        _refuse_link(sibling, flag)
+        if f"{kind}-" == OLD and not os.path.lexists(folder):
             os.rename(sibling, folder)
+            if folder.is_symlink():  # made a link between the check and the rename: put back, refused
+                os.rename(folder, sibling)
+                _refuse_link(sibling, flag)
         else:
-            shutil.rmtree(sibling, ignore_errors=True)
+            shutil.rmtree(sibling, ignore_errors=True)  # rmtree never follows a link
+
+
+def _refuse_link(path: Path, flag: str) -> None:
+    """One line when `path` is a link (its target is never read, renamed or removed)."""
+    if path.is_symlink():
+        raise UserError(
+            f"{flag}: {path} is a link (to {os.readlink(path)}); a report folder and what a killed writer "
+            "leaves beside it are folders: remove the link (rm, not rm -r) and write the report again"
+        )
+
+
+def _copy(folder: Path, new: Path, flag: str) -> None:
+    """`folder` copied to `new` through a descriptor opened without following a link (so a link put at its
+    name after the checks is refused, not copied from), and the copy checked for links."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            refuse_links(folder, flag)
+        raise
+    try:
+        source = f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else str(folder)
+        shutil.copytree(source, new, symlinks=True)
+    finally:
+        os.close(fd)
+    refuse_links(new, flag)
 
 
 def _alive(pid: int) -> bool:
@@ -147,6 +183,17 @@ def hand_written(old: str, generated: str) -> str:
         if _heading(line) and line.rstrip() not in ours:
             return "".join(lines[i:])
     return ""
+
+
+def kept_text(readme: Path, generated: str) -> str:
+    """`hand_written` of the README `readme` (none where there is no README yet), read as UTF-8 text
+    (ablate.core.fields): one that is not is one line, and the folder is left as it was (`writing`)."""
+    from ablate.core.fields import text_file
+
+    if not readme.exists():
+        return ""
+    hint = "what a person wrote below its generated part is kept when a report is written again: fix its text"
+    return hand_written(text_file(readme, "README.md", hint), generated)
 
 
 def _heading(line: str) -> bool:
