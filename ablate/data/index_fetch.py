@@ -20,21 +20,23 @@ import json
 import os
 import re
 import ssl
+import stat
 import subprocess
-import sys
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from ablate.core.errors import UserError
+from ablate.core.processes import python_command
 
 PYPI_SIMPLE = "https://pypi.org/simple"
 _ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
 _BLOCK = 1 << 20
+_PAGE_LIMIT = 64 << 20  # a project page, HTML or JSON: PyPI's largest are a few MiB
 
 
 class Pinned(Protocol):
@@ -59,7 +61,10 @@ def pip_indexes() -> PipIndexes:
     """pip's own view of its configuration (`pip config list` already folds in `PIP_*` variables)."""
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=120
+            python_command("-m", "pip", "config", "list", tool=True),
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         listed = done.stdout if done.returncode == 0 else ""
     except (OSError, subprocess.TimeoutExpired):
@@ -148,12 +153,13 @@ def _page_links(url: str, indexes: PipIndexes) -> list[tuple[str, str]]:
             path = path / "index.html"  # pip reads a file: index the same way
         if not path.is_file():
             return []
-        body, kind, base = path.read_bytes(), "text/html", path.as_uri()
+        with _regular_file(path, url) as f:
+            body, kind, base = _bounded(f.read(_PAGE_LIMIT + 1), url), "text/html", path.as_uri()
     else:
         try:
             with _open(url, indexes, accept=_ACCEPT) as response:
                 body, kind, base = (
-                    response.read(),
+                    _bounded(response.read(_PAGE_LIMIT + 1), url),
                     response.headers.get("Content-Type", ""),
                     response.geturl(),
                 )
@@ -197,10 +203,16 @@ class _Anchors(HTMLParser):
 
 
 def _stream(url: str, out: Path, limit: int, indexes: PipIndexes) -> tuple[str, int]:
-    """Write the file at `url` to `out`, hashing as it goes; stop one block past `limit` bytes."""
+    """Write the file at `url` to `out`, hashing as it goes; stop one block past `limit` bytes. A `file:`
+    URL is read only from a regular file (`_regular_file`); another within pip's timeout per read."""
     sha, size = hashlib.sha256(), 0
     try:
-        with _open(url, indexes) as response, open(out, "wb") as f:
+        source = (
+            _regular_file(Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path)), url)
+            if url.startswith("file:")
+            else _open(url, indexes)
+        )
+        with source as response, open(out, "wb") as f:
             while size <= limit and (block := response.read(_BLOCK)):
                 sha.update(block)
                 f.write(block)
@@ -212,6 +224,34 @@ def _stream(url: str, out: Path, limit: int, indexes: PipIndexes) -> tuple[str, 
         out.unlink(missing_ok=True)
         raise UserError(f"data.source: cannot download {_public(url)} ({_reason(e)})") from None
     return sha.hexdigest(), size
+
+
+def _regular_file(path: Path, url: str) -> BinaryIO:
+    """`path` opened to read, only if it is a regular file: a FIFO, a device or a folder that a page links
+    is one line. Opened without blocking, so a FIFO with no writer cannot hang the fetch before the check
+    (urllib's `file:` handler would wait on it for ever: no timeout reaches a local open or read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as e:
+        raise UserError(f"data.source: cannot read {_public(url)} ({e.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(
+            f"data.source: {_public(url)} is not a regular file (a FIFO, a device or a folder); a package "
+            "index's files are read only from regular files"
+        )
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def _bounded(body: bytes, url: str) -> bytes:
+    """A page read with `_PAGE_LIMIT + 1` bytes at most: one over the bound is one line."""
+    if len(body) > _PAGE_LIMIT:
+        raise UserError(
+            f"data.source: the package index page {_public(url)} is over {_PAGE_LIMIT >> 20} MiB; a project "
+            "page lists file names and links, far less than that"
+        )
+    return body
 
 
 def _open(url: str, indexes: PipIndexes, accept: str | None = None):

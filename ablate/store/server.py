@@ -13,13 +13,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from ablate.core.errors import UserError
+from ablate.core.processes import python_command
 from ablate.core.workspace import Workspace
 from ablate.store import comparison, tracking
 from ablate.store.commands import has_password, redact
@@ -40,10 +40,7 @@ def server_command(
 ) -> list[str]:
     """The `mlflow server` argument list."""
     cmd = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
+        *python_command("-m", "mlflow", "server", tool=True),
         *store_argument(backend_store_uri),
         "--serve-artifacts",
         "--artifacts-destination",
@@ -165,10 +162,7 @@ def serve(
 def ui_command(backend_store_uri: str, artifacts_uri: str, host: str, port: int) -> list[str]:
     """The `mlflow ui` argument list (one worker: a person's browser, not a fleet of training workers)."""
     return [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "ui",
+        *python_command("-m", "mlflow", "ui", tool=True),
         *store_argument(backend_store_uri),
         "--default-artifact-root",
         artifacts_uri,

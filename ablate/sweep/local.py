@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from typing import Any
 
 from ablate.core.errors import UserError
+from ablate.core.processes import child_environment, python_command
 from ablate.store.study import SweepContext, progress_counts
 from ablate.sweep.worker import AfterTrial, work, worker_argv
 
@@ -52,7 +52,8 @@ def spawn_workers(ctx: SweepContext, n: int, overrides_argv: list[str]) -> list[
     # cores under load: 2 threads per process ran ~4x slower than 1). A user's own setting is kept.
     argv, env = worker_argv(ctx, overrides_argv)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
-    cmd = [sys.executable, "-m", "ablate.cli", *argv]
+    cmd = python_command("-m", "ablate.cli", *argv)  # no module of the current folder in place of ablate's
+    env = child_environment(env)
     procs = []
     for i, devices in enumerate(worker_devices(n, devices_per_run(ctx), visible_gpus())):
         log = open(logs / f"{ctx.study_name}-worker{i}.log", "ab")  # noqa: SIM115 (closed with the process)

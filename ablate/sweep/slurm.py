@@ -1,8 +1,8 @@
 """The Slurm launcher: a sweep's workers as one Slurm job array, submitted through submitit.
 
 Each array task is one `ablate worker` (the same arguments a local worker gets), run in-process by
-`run_worker` on the node with this interpreter (submitit starts `sys.executable` there), pulling trials
-from the sweep's study until none is left. The tasks share nothing but the study and the tracking store,
+`run_worker` on the node with this interpreter (submitit starts it there with `-P`:
+ablate.core.processes), pulling trials from the sweep's study until none is left. The tasks share nothing but the study and the tracking store,
 so the array may be any size and a task may start at any time.
 
 Slurm's warning signal (USR2, `signal_delay_s` before the time limit, or sent by `scancel --signal=USR2`
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from typing import Any
 
 from ablate.core.errors import UserError
 from ablate.core.launcher import SlurmOptions
+from ablate.core.processes import child_environment, own_folder, python_command
 from ablate.store.study import SweepContext
 
 ENTRY_POINT = "ablate.cli:main"  # what each array task runs: the `ablate` command line, in-process
@@ -129,8 +131,12 @@ def submit_workers(ctx: SweepContext, workers: int, options: SlurmOptions, argv:
     import submitit
 
     folder = ctx.stores.workspace.slurm
-    executor = submitit.SlurmExecutor(folder=folder / "%A", max_num_timeout=1000)
+    # The node's interpreter with `-P` (ablate.core.processes): no module of the submitting folder in place
+    # of ablate's; the folder a `python -m ablate.cli` parent imports from is handed down like PYTHONPATH.
+    python = shlex.join(python_command())
+    executor = submitit.SlurmExecutor(folder=folder / "%A", max_num_timeout=1000, python=python)
     extra = sbatch_extras(options)
+    handed = [f"export PYTHONPATH={shlex.quote(child_environment()['PYTHONPATH'])}"] if own_folder() else []
     parameters: dict[str, Any] = dict(
         job_name=f"ablate-{ctx.study_name}",
         time=options.time_min,
@@ -139,7 +145,7 @@ def submit_workers(ctx: SweepContext, workers: int, options: SlurmOptions, argv:
         nodes=options.nodes_per_worker,
         signal_delay_s=options.signal_delay_s,
         array_parallelism=options.array_parallelism or workers,
-        setup=[f"export OMP_NUM_THREADS={options.cpus_per_worker}"],
+        setup=[f"export OMP_NUM_THREADS={options.cpus_per_worker}", *handed],
         additional_parameters={"requeue": True, **extra},
     )
     if options.gpus_per_worker:

@@ -28,7 +28,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.core.errors import UserError
+from ablate.core.processes import child_environment, python_command
 from ablate.core.workspace import Workspace
 
 RANK_SPECS = "ABLATE_RANK_SPECS"  # the folder where a Slurm worker's task 0 hands its runs to the others
@@ -138,7 +138,8 @@ def local_ranks(run: Any, workspace: Workspace, folder: Path) -> Iterator[list[A
     }
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "ablate.train.rank", str(spec)], env={**env, "LOCAL_RANK": str(i)}
+            python_command("-m", "ablate.train.rank", str(spec)),
+            env=child_environment({**env, "LOCAL_RANK": str(i)}),
         )
         for i in range(1, cfg.devices)
     ]
