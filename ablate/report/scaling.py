@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table, si
+from ablate.data import passes as data_passes
 from ablate.fitting import Point, fit_loss_curve, fit_points
 from ablate.fitting.core import check_points
 from ablate.fitting.fit import FitReport
@@ -227,6 +228,11 @@ def point_rows(runs: list[Any], conv: dict[str, dict[str, Any]], seconds: dict[s
             "tokens": r.tokens,
             "train_split_tokens": r.split_tokens,
             "passes": round(r.passes, 4) if math.isfinite(r.passes) else math.nan,
+            "read_twice": (
+                round(data_passes.read_twice(r.passes, r.sampling), 4)
+                if math.isfinite(r.passes)
+                else math.nan
+            ),
             "loss": r.loss,
             **conv[r.run_id],
             "mlflow_run_id": r.run_id,
@@ -415,12 +421,12 @@ def write_grid_report(
     written += write_fit(fits["size"], folder / "size", split, drawn)
     written += write_fit(fits["tokens"], folder / "tokens", split, drawn)
     written += [write_csv(folder / f"{name}.csv", r) for name, r in rows.items()]
-    from ablate.report.write import hand_written
+    from ablate.report.folder import kept_text
 
     readme = folder / "README.md"  # what a person wrote below the generated part is kept (hand_written)
     generated = grid_readme(
         ctx, fits, where, rows, params_word, precision, machine_line(machines or [""]), data, compare_with
     ) + (f"\n{compared}\n" if compared else "")
-    kept = hand_written(readme.read_text(), generated) if readme.exists() else ""
+    kept = kept_text(readme, generated)
     readme.write_text(generated + (f"\n{kept}" if kept else ""))
     return [readme, *written], fits, conv
