@@ -6,7 +6,7 @@ depends on how its windows were drawn (`data.sampling`, ablate.data.loader): und
 reads every window once, so below one pass nothing is read twice and past it the share is 1 - 1/p; under
 `random` (the sampler of runs made before `data.sampling` existed) each window starts at a random offset,
 so a token's reads are Poisson with mean p, the split's share read at least once is 1 - e^-p, and in
-expectation 1 - (1 - e^-p) / p of the tokens read were read before (24% at 0.6 passes). A model that meets
+expectation 1 - (1 - e^-p) / p of the tokens read were read before (24.8% at 0.6 passes). A model that meets
 text again can fit it better than new text, so a validation loss after re-reads measures memorisation as
 well as learning, and a gap between two rows can be a gap in overfitting. Every plan, check, table and
 budget report states the split's tokens, these passes and the share read twice, and marks the runs past
