@@ -58,6 +58,7 @@ from components.attention.triton_forward import _fwd, _fwd_tiles
 
 _TILES = (_fwd_tiles, _bwd_kv_tiles, _bwd_q_tiles)  # called from the kernels
 _KERNELS = (_fwd, _bwd_delta, _bwd_kv, _bwd_q)
+_COMBINE = ("_MAX", "_SUM")  # Triton's own jit functions the kernels reduce with
 
 
 @functools.cache
@@ -67,11 +68,19 @@ def kernels(interpret: bool):
 
     A kernel calls its tile loops by their global names, which must be wrapped the same way as the
     kernel (the compiler calls only jit functions, the interpreter only interpreted ones), and one
-    process may run both kinds: each kind gets copies of the functions whose globals name its own."""
+    process may run both kinds: each kind gets copies of the functions whose globals name its own. The
+    compiled kind is made with `JITFunction` itself, not `triton.jit`, which under TRITON_INTERPRET=1 makes
+    interpreted functions, as that setting made Triton's own combining functions (`_MAX`, `_SUM`): those
+    are compiled from their source then. The copies keep their annotations: `tl.constexpr` is how a
+    launch knows which arguments it compiles in (without them a GPU launch cannot specialise the tiles)."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    wrap = InterpretedFunction if interpret else triton.jit
+    wrap = InterpretedFunction if interpret else triton.runtime.JITFunction  # not triton.jit: see below
     namespace = {**vars(triton_forward), **vars(triton_backward)}  # their constants, `tl` and one another
+    if not interpret:  # the reductions' combining functions, compiled whatever TRITON_INTERPRET said
+        for name in _COMBINE:
+            if not isinstance(namespace[name], triton.runtime.JITFunction):
+                namespace[name] = wrap(namespace[name].fn)
     for f in _TILES:
         namespace[f.__name__] = wrap(_rebind(f, namespace))
     return tuple(wrap(_rebind(f, namespace)) for f in _KERNELS)
@@ -81,4 +90,5 @@ def _rebind(f: types.FunctionType, namespace: dict) -> types.FunctionType:
     """`f` reading its globals from `namespace` (same code, so Triton reads the same source)."""
     copy = types.FunctionType(f.__code__, namespace, f.__name__, f.__defaults__, f.__closure__)
     copy.__module__, copy.__qualname__, copy.__doc__ = f.__module__, f.__qualname__, f.__doc__
+    copy.__annotations__ = f.__annotations__  # `tl.constexpr`: which arguments a launch compiles in
     return copy

@@ -446,7 +446,7 @@ def test_the_gpu_kernels_compile():
         }
         signature |= {name: "fp32" for name in ("scale", "eps", "factor") if name in signature}
         source = ASTSource(kernel, signature, {(kernel.arg_names.index(n),): v for n, v in constants.items()})
-        target = GPUTarget("cuda", 90, 128)
+        target = GPUTarget("cuda", 90, 32)  # sm_90, 32 threads per warp
         return compile(source, target=target, options={"num_warps": 4, "num_stages": 2}).asm["ptx"]
 
     ptx(fwd, tiles | {"NORM": True})
