@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from ablate.hardware.machine import machine_description
+from ablate.model.config import ModelConfig
 from ablate.model.decoder import attention_kernel, build_model
 from ablate.recipe.resolve import RunSpec
 from ablate.store import names, tokens_axis, tracking
-from ablate.train.trainer import Placement
+from ablate.train.choices.decided import Decided, Placement
 
 Sink = Callable[[dict[str, float], int], None]  # (metrics, step) -> logged; global rank 0 only
 
@@ -99,14 +100,17 @@ def finished_result(
     )
 
 
-def run_tags(run: RunSpec, placement: Placement) -> dict[str, str]:
-    """The tags every run carries beside the recipe's: its shape and cost, where and how it trains."""
+def run_tags(run: RunSpec, decided: Decided) -> dict[str, str]:
+    """The tags every run carries beside the recipe's: its shape and cost, and where and how it trains, as
+    `decided` (the precision, the attention kernel of the model that trains, `auto`'s measured choice)."""
+    where = decided.where
     return {
         **shape_tags(run),
-        names.PRECISION: placement.precision,
-        names.PRECISION_REASON: placement.reason,
-        names.ATTENTION_KERNEL: run_attention_kernel(run, placement.device, placement.precision),
-        names.MACHINE: machine_description(placement.device),
+        names.PRECISION: where.precision,
+        names.PRECISION_REASON: where.reason,
+        names.ATTENTION_KERNEL: run_attention_kernel(decided.model, run.train.seq_len, where),
+        names.MACHINE: machine_description(where.device),
+        **decided.tags(),
     }
 
 
@@ -128,13 +132,16 @@ def shape_tags(run: RunSpec) -> dict[str, str]:
     }
 
 
-def run_attention_kernel(run: RunSpec, device: str, precision: str) -> str:
-    """The attention core the run's layers use on `device` under `precision` (what `auto` resolves to,
-    which depends on the CPU kind as well as the dtype), so a rerun elsewhere is explainable from MLflow."""
+def run_attention_kernel(model: ModelConfig, seq_len: int, where: Placement) -> str:
+    """The attention core the layers of `model` (the run's, as it trains) use where the run is placed
+    (what `auto` resolves to, which depends on the CPU kind as well as the dtype; on CUDA the backend
+    measured fastest), so a rerun elsewhere is explainable from MLflow."""
     from ablate.hardware.precision import compute_dtype
 
-    model = build_model(run.model, device="meta")
-    return attention_kernel(model, torch.device(device), compute_dtype(precision), seq_len=run.train.seq_len)
+    built = build_model(model, device="meta")
+    return attention_kernel(
+        built, torch.device(where.device), compute_dtype(where.precision), seq_len=seq_len
+    )
 
 
 def metric_sink(client: Any, run_id: str) -> Sink:

@@ -1,10 +1,11 @@
 """One RunSpec -> one Lightning training run, tracked in MLflow: the steps in order.
 
-`train_run` takes the run folder's lock and decides where the run trains (`trainer.placement`); global
-rank 0 opens the run's MLflow record (`records`), or finds it finished; `_train` builds the model and its
-LightningModule (`module`), picks the checkpoint to resume (`resume`), the loaders (`loaders`) and the
-Trainer (`trainer`), and fits. Another rank of a multi-device run (`train_rank`) trains the same way and
-records nothing.
+`train_run` takes the run folder's lock (`resume_lock`) and decides once what the run trains on
+(`choices.decided`: device, precision, and on CUDA the attention and compiling measured; the sections as
+they train); global rank 0 opens the run's MLflow record (`records`), or finds it finished; `_train`
+builds the model and its LightningModule (`module`), picks the checkpoint to resume (`resume`), the
+loaders (`loaders`) and the Trainer (`trainer`), and fits. Another rank of a multi-device run
+(`train_rank`) trains the same way and records nothing.
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ import torch
 
 from ablate.core.workspace import Workspace
 from ablate.hardware.allocator import tune_glibc_malloc
-from ablate.model import kernels
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import RunSpec
 from ablate.store import tracking
 from ablate.store.stores import Stores
 from ablate.train import launch, records, trainer
-from ablate.train.choices import attention as attention_choice
+from ablate.train.choices.decided import Decided, decide
 from ablate.train.loaders import load_data, loaders
 from ablate.train.module import Diverged, LMModule, compile_seconds
 from ablate.train.records import Sink, TrainResult
@@ -62,13 +62,9 @@ def _train_run(run: RunSpec, stores: Stores, options: TrainOptions) -> TrainResu
     """Global rank 0: the run's MLflow record around its training, and its result."""
     folder = run_dir(stores.workspace, run)
     client = stores.client()
-    where, choice = _placed(run, stores.workspace)
-    print(f"precision: {where.precision} ({where.reason})", flush=True)
-    tags = {
-        **records.run_tags(run, where),
-        **(choice.tags() if choice else {}),
-        **(options.get("extra_tags") or {}),
-    }
+    decided = decide(run, stores.workspace)
+    print(f"precision: {decided.where.precision} ({decided.where.reason})", flush=True)
+    tags = {**records.run_tags(run, decided), **(options.get("extra_tags") or {})}
     state, run_id = tracking.open_run(
         client, run, stores.workspace, parent_run_id=options.get("parent_run_id"), extra_tags=tags
     )
@@ -83,11 +79,9 @@ def _train_run(run: RunSpec, stores: Stores, options: TrainOptions) -> TrainResu
         sink = records.metric_sink(client, run_id)
         callbacks = list(options.get("callbacks") or [])
         result = _train(
-            run, data, folder, stores.workspace, where, sink, options.get("progress", True), callbacks, choice
+            run, data, folder, stores.workspace, decided, sink, options.get("progress", True), callbacks
         )
-        records.log_final_metrics(
-            sink, result, compiled=attention_choice.training_config(run.train, choice).compile
-        )
+        records.log_final_metrics(sink, result, compiled=decided.train.compile)
     except Diverged as e:
         records.mark_failed(client, run_id, str(e))
         raise
@@ -100,20 +94,8 @@ def _train_run(run: RunSpec, stores: Stores, options: TrainOptions) -> TrainResu
 def train_rank(run: RunSpec, *, workspace: Workspace) -> TrainResult:
     """A rank other than global rank 0 of a multi-device run: the same training, no MLflow, no files."""
     data = load_data(run, workspace)
-    where, choice = _placed(run, workspace)  # rank 0's choice where it measured first (the cache)
-    return _train(run, data, run_dir(workspace, run), workspace, where, None, False, [], choice)
-
-
-def _placed(run: RunSpec, workspace: Workspace) -> tuple[trainer.Placement, attention_choice.Choice | None]:
-    """Where the run trains (device, precision) and, on CUDA, the attention backend and compiling its
-    `auto`s measured there; what the model's kernels measure (the `triton` launch configurations) is kept
-    in the workspace."""
-    kernels.remember_in(workspace.kernel_configs)
-    where = trainer.placement(run.train, run.model)
-    choice = attention_choice.choose_attention(
-        run.model, run.train, where.device, where.precision, workspace.attention_choices
-    )
-    return where, choice
+    decided = decide(run, workspace)  # rank 0's attention choice where it measured first (the cache)
+    return _train(run, data, run_dir(workspace, run), workspace, decided, None, False, [])
 
 
 def _train(
@@ -121,24 +103,23 @@ def _train(
     data: Any,
     folder: Path,
     workspace: Workspace,
-    where: trainer.Placement,
+    decided: Decided,
     sink: Sink | None,
     progress: bool,
     callbacks: list[L.Callback],
-    choice: attention_choice.Choice | None = None,
 ) -> TrainResult:
-    """Train on this process's rank; `sink` (global rank 0 only) receives the metrics; `choice`: the
-    attention `auto` measured on CUDA (the model built with it, compiled as it says)."""
+    """Train on this process's rank what `decided` says (the model built with its `model:` section,
+    compiled, placed and scheduled by its `train:`); `sink` (global rank 0 only) receives the metrics."""
     from ablate.data.tasks import Task
     from ablate.train.training_clock import TrainingClock
 
-    cfg = attention_choice.training_config(run.train, choice)
+    cfg = decided.train
     trainer.quiet_lightning()
     tune_glibc_malloc()  # ~8-10% faster steps: activations are not unmapped and faulted in every step
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
     task = data if isinstance(data, Task) else None
-    model = build_model(choice.model(run.model) if choice else run.model, seed=run.seed)
+    model = build_model(decided.model, seed=run.seed)
     module = LMModule(model, cfg, sink, task=task, loss_on=run.data.task_loss)
     world, rank = launch.world_size(cfg), launch.global_rank(cfg)
     start_step, resume = resume_point(folder / "checkpoints", rank)
@@ -147,7 +128,7 @@ def _train(
     started, compiled_before = time.perf_counter(), compile_seconds()
     with launch.local_ranks(run, workspace, folder) as plugins:
         fitter = trainer.assemble(
-            cfg, where, folder, callbacks=[clock, *callbacks], plugins=plugins, progress=progress
+            cfg, decided.where, folder, callbacks=[clock, *callbacks], plugins=plugins, progress=progress
         )
         trainer.fit(fitter, module, train, val, resume, folder)
     seconds, compiling = time.perf_counter() - started, compile_seconds() - compiled_before

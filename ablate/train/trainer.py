@@ -1,40 +1,19 @@
-"""The Trainer of one run, assembled once: the device and precision it trains in (`Placement`, decided
-once per process), its callbacks (checkpoints, the training clock, layer statistics, progress, the
-caller's), and its fit with a full disk said in one line.
+"""The Trainer of one run, assembled once: on the device and in the precision decided for the run
+(ablate.train.choices.decided.Placement), its callbacks (checkpoints, the training clock, layer
+statistics, progress, the caller's), and its fit with a full disk said in one line.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as L
 
 from ablate.core.errors import UserError
-from ablate.hardware.precision import training_device
-from ablate.model.config import ModelConfig
 from ablate.train import launch
-from ablate.train.choices.precision import choose_step_precision
+from ablate.train.choices.decided import Placement
 from ablate.train.config import TrainConfig
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a run trains: the device type (`train.accelerator` resolved; the Trainer's accelerator), the
-    Lightning precision (`auto` resolved) and why."""
-
-    device: str
-    precision: str
-    reason: str
-
-
-def placement(cfg: TrainConfig, model: ModelConfig | None = None) -> Placement:
-    """`train.accelerator` and `train.precision` resolved (ablate.hardware.precision), once per process;
-    `auto` on a CPU that claims native bf16 by `model`'s whole training step (ablate.train.choices.precision)."""
-    device = training_device(cfg.accelerator)
-    precision, why, _ = choose_step_precision(cfg.precision, device, model, cfg, key="train.precision")
-    return Placement(device, precision, why)
 
 
 def quiet_lightning() -> None:

@@ -280,8 +280,12 @@ def test_the_kernel_auto_resolves_to_is_what_the_run_records():
     from dataclasses import replace
 
     from ablate.recipe.resolve import load_recipe
-    from ablate.train.records import run_attention_kernel as attention_kernel
+    from ablate.train.choices.decided import Placement
+    from ablate.train.records import run_attention_kernel
     from components.attention import backends
+
+    def attention_kernel(run, device, precision):
+        return run_attention_kernel(run.model, run.train.seq_len, Placement(device, precision, ""))
 
     table6 = Path(__file__).resolve().parents[2] / "recipes" / "table6.yaml"
     runs = {r.variant: r for r in load_recipe(table6, scale="tiny").runs}
