@@ -80,9 +80,17 @@ def is_stale(trial: Any, grace_period: float, now: float | None = None) -> bool:
 def worker_gone(host: Any, pid: Any, beat: Any, grace_period: float, now: float | None = None) -> bool:
     """Is the process `pid` on `host`, last heard of at `beat` (a timestamp), gone? On this host its pid
     says so; elsewhere a heartbeat older than `grace_period` seconds."""
+    return gone_reason(host, pid, beat, grace_period, now) is not None
+
+
+def gone_reason(host: Any, pid: Any, beat: Any, grace_period: float, now: float | None = None) -> str | None:
+    """Why the process `pid` on `host`, last heard of at `beat`, is gone (the rule of `worker_gone`, said
+    as what decided it), or None while it may be alive."""
     if host == socket.gethostname() and pid and not pid_alive(int(pid)):
-        return True
-    return beat is not None and (now or time.time()) - float(beat) > grace_period
+        return f"process {pid} on this host has ended"
+    if beat is not None and (silent := (now or time.time()) - float(beat)) > grace_period:
+        return f"no heartbeat for {silent:.0f} s, over the grace period of {grace_period:g} s"
+    return None
 
 
 def fail_and_requeue(study: Any, storage: Any, frozen: Any, reason: str) -> bool:

@@ -72,7 +72,8 @@ def status_report(ctx: SweepContext, study: Any, now: float | None = None, clien
     finished = [t for t in settled.values() if t.state == TrialState.COMPLETE]
     failed = [t for t in settled.values() if t.state == TrialState.FAIL]
     running = [t for t in trials if t.state == TrialState.RUNNING]
-    stale = [t for t in running if _worker_gone(t, ctx.grace_period, now)]
+    gone = {t.number: why for t in running if (why := _gone_reason(t, ctx.grace_period, now))}
+    stale = [t for t in running if t.number in gone]
     waiting = [t for t in trials if t.state == TrialState.WAITING]
     handed_back = [t for t in trials if t.state == TrialState.FAIL and not is_settled(t)]
 
@@ -110,25 +111,34 @@ def status_report(ctx: SweepContext, study: Any, now: float | None = None, clien
         )
     lines = [
         f"sweep {ctx.study_name}: {len(finished)}/{total} trials finished, {live} running"
-        + (f", {len(stale)} stale (worker gone, no heartbeat for {ctx.grace_period:g} s)" if stale else "")
+        + (f", {len(stale)} stale (worker gone: {'; '.join(dict.fromkeys(_kinds(gone)))})" if stale else "")
         + f", {len(waiting)} waiting, {len(failed)} failed (diverged); {len(handed_back)} attempts handed "
         "back (preempted, interrupted or worker died) and retried",
         f"tokens: {si(done_tokens)} of {si(all_tokens)} done; ETA {eta}{how}",
     ]
     lines += [f"not read: {line}" for line in unread] + _lock_lines(ctx, study, now)
     if running:
-        lines.append(_running_table(running, stale, run_of, now))
+        lines.append(_running_table(running, gone, run_of, now))
     return "\n".join(lines)
 
 
-def _worker_gone(trial: Any, grace_period: float, now: float) -> bool:
-    """A RUNNING trial whose worker is gone (ablate.sweep.queue.worker_gone); a worker that never beat
-    counts from the trial's start."""
-    from ablate.sweep.queue import worker_gone
+def _gone_reason(trial: Any, grace_period: float, now: float) -> str | None:
+    """Why a RUNNING trial's worker is gone (ablate.sweep.queue.gone_reason: the rule the workers apply),
+    or None; a worker that never beat counts from the trial's start."""
+    from ablate.sweep.queue import gone_reason
 
     attrs = trial.user_attrs
     beat = attrs.get("heartbeat") or (trial.datetime_start.timestamp() if trial.datetime_start else None)
-    return worker_gone(attrs.get("worker_host"), attrs.get("worker_pid"), beat, grace_period, now)
+    return gone_reason(attrs.get("worker_host"), attrs.get("worker_pid"), beat, grace_period, now)
+
+
+def _kinds(gone: dict[int, str]) -> list[str]:
+    """The summary's words for the stale trials' reasons (each trial's own, with its numbers, is in the
+    table's state column, so the line and the table say the same)."""
+    return [
+        "its process ended" if "process" in why else "no heartbeat past the grace period"
+        for why in gone.values()
+    ]
 
 
 def _progress(ctx: SweepContext, running: list, run_of: Any, client: Any) -> tuple[dict[int, int], list[str]]:
@@ -155,7 +165,7 @@ def _progress(ctx: SweepContext, running: list, run_of: Any, client: Any) -> tup
 def _lock_lines(ctx: SweepContext, study: Any, now: float) -> list[str]:
     """Who holds the study's sweep lock (ablate.sweep.lock), if anyone, and whether that holder is gone."""
     from ablate.store.study import SWEEP_LOCK_SUFFIX
-    from ablate.sweep.queue import worker_gone
+    from ablate.sweep.queue import gone_reason
 
     storage = getattr(study, "_storage", None)
     try:
@@ -164,15 +174,15 @@ def _lock_lines(ctx: SweepContext, study: Any, now: float) -> list[str]:
     except (AttributeError, KeyError):
         return []
     beat = attrs.get("heartbeat")
-    gone = worker_gone(attrs.get("host"), attrs.get("pid"), beat, ctx.grace_period, now)
+    why = gone_reason(attrs.get("host"), attrs.get("pid"), beat, ctx.grace_period, now)
     return [
         f"sweep lock: held by host {attrs.get('host', '?')}, pid {attrs.get('pid', '?')}, "
         + (f"heartbeat {now - float(beat):.0f} s ago" if beat else "no heartbeat written")
-        + ("; stale: its holder is gone, the next `ablate sweep` takes it over" if gone else "")
+        + (f"; stale ({why}): its holder is gone, the next `ablate sweep` takes it over" if why else "")
     ]
 
 
-def _running_table(running: list, stale: list, run_of: Any, now: float) -> str:
+def _running_table(running: list, gone: dict[int, str], run_of: Any, now: float) -> str:
     rows = []
     for t in running:
         attrs = t.user_attrs
@@ -181,7 +191,7 @@ def _running_table(running: list, stale: list, run_of: Any, now: float) -> str:
             [
                 t.number,
                 run_of(t).name,
-                "stale" if t in stale else "running",
+                f"stale: {gone[t.number]}" if t.number in gone else "running",
                 attrs.get("worker_host", "?"),
                 attrs.get("slurm_job", "-"),
                 attrs.get("devices", "-"),

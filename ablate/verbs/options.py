@@ -11,6 +11,7 @@ import dataclasses
 import importlib
 import inspect
 import json
+import math
 import re
 import typing
 from collections.abc import Callable
@@ -241,4 +242,19 @@ def print_ui_link(ctx: SweepContext, opts: Shared) -> None:
 
 
 def override_argv(overrides: list) -> list[str]:
-    return [f"--{key}={json.dumps(value)}" for key, value in overrides]
+    """The overrides as `--key=value` words (a printed worker command, a local worker's arguments) that
+    `ablate.recipe.resolve.parse_overrides` reads back as the same values (override_text)."""
+    return [f"--{key}={override_text(value)}" for key, value in overrides]
+
+
+def override_text(value: Any) -> str:
+    """`value` as YAML flow text that the overrides' YAML reader loads back equal: JSON's text for what JSON
+    writes as YAML reads it (strings quoted, so `"3e-4"` or `"yes"` stays a string), and YAML's `.inf`,
+    `-.inf` and `.nan` for what JSON would write as `Infinity` and `NaN` (YAML reads those as strings)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{override_text(k)}: {override_text(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(override_text(v) for v in value) + "]"
+    return json.dumps(value)

@@ -100,11 +100,80 @@ def test_status_shows_a_dead_workers_trial_as_stale_and_names_the_locks_holder(t
     capsys.readouterr()
     assert main(["status", str(recipe), "--workspace", str(workspace), "--grace-period", "15"]) == 0
     out = capsys.readouterr().out
-    assert "0 running, 1 stale (worker gone, no heartbeat for 15 s)" in out, out
+    assert "0 running, 1 stale (worker gone: its process ended)" in out, out
     (row,) = [line for line in out.splitlines() if line.startswith(f"| {trial.number} ")]
-    assert "| stale " in row and re.search(r"\| 12\d\d s ago", row), out  # 1247 s, and the test's own seconds
+    assert f"| stale: process {dead.pid} on this host has ended " in row, out
+    assert re.search(r"\| 12\d\d s ago", row), out  # 1247 s, and the test's own seconds
     (lock,) = [line for line in out.splitlines() if line.startswith("sweep lock:")]
     assert re.search(rf"pid {dead.pid}, heartbeat 12\d\d s ago; stale", lock), out
+
+
+def test_the_stale_reason_agrees_with_the_table(tmp_path, capsys):
+    """A worker killed with -9 six seconds after its last heartbeat: stale because its process ended (not
+    for a heartbeat 60 s old, which the table would contradict); a worker on another host silent for
+    longer than the grace period: stale for that, with the seconds the table shows."""
+    recipe, workspace, storage = _enqueued(tmp_path)
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    worker.kill()  # kill -9
+    worker.wait()
+    study = optuna.load_study(study_name="mini", storage=storage)
+    now = time.time()
+    claims = [
+        {"worker_host": socket.gethostname(), "worker_pid": worker.pid, "heartbeat": now - 6},
+        {"worker_host": "elsewhere", "worker_pid": 1, "heartbeat": now - 1247},
+    ]
+    for trial, attrs in zip(study.get_trials(deepcopy=False), claims, strict=True):
+        tid = storage.get_trial_id_from_study_id_trial_number(study._study_id, trial.number)
+        assert storage.set_trial_state_values(tid, state=TrialState.RUNNING)
+        for key, value in attrs.items():
+            storage.set_trial_user_attr(tid, key, value)
+    capsys.readouterr()
+    assert main(["status", str(recipe), "--workspace", str(workspace), "--grace-period", "60"]) == 0
+    out = capsys.readouterr().out
+    summary = out.splitlines()[0]
+    assert "2 stale (worker gone: its process ended; no heartbeat past the grace period)" in summary, out
+    killed, silent = (line for line in out.splitlines() if re.match(r"\| [01] ", line))
+    assert f"stale: process {worker.pid} on this host has ended" in killed and re.search(
+        r"\| [6-9] s ago", killed
+    )
+    assert "no heartbeat" not in killed, out  # its heartbeat is seconds old: the table and the reason agree
+    seconds = re.search(r"no heartbeat for (\d+) s, over the grace period of 60 s", silent)
+    assert seconds and re.search(rf"\| {seconds.group(1)} s ago", silent), out
+
+
+def test_a_printed_worker_command_reads_back_every_value_it_prints(tmp_path, capsys):
+    """The command printed on a lock refusal, parsed back by the CLI's own parser, gives the values the
+    sweep was given (a bare `3e-4` string stays a string); and the words it is made of read back inf, -inf
+    and NaN as floats, where JSON's `Infinity` and `NaN` read back as strings (no recipe key takes them,
+    so they are read back without a sweep)."""
+    from ablate.cli import parse_args
+    from ablate.recipe.resolve import parse_overrides
+    from ablate.verbs.options import override_argv
+
+    recipe = write_recipe(tmp_path)
+    workspace = tmp_path / "ws"
+    argv = ["sweep", str(recipe), "--workspace", str(workspace), "--yes", "--reports", str(tmp_path / "rep")]
+    overrides = ["--base.train.steps=2", "--base.data.val_fraction=0.25", "--variants.diff.label='3e-4'"]
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # a live sweep's pid
+    try:
+        storage = Stores(workspace).storage()
+        _lock(storage, "mini", host=socket.gethostname(), pid=holder.pid, heartbeat=time.time())
+        capsys.readouterr()
+        code = main([*argv, *overrides])
+        err = capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    printed = re.search(r"`(ablate worker [^`]*)`", err)
+    assert printed, err
+    given = parse_args([*argv, *overrides])[2]
+    read_back = parse_args(shlex.split(printed.group(1))[1:])[2]
+    assert read_back == given and dict(read_back)["variants.diff.label"] == "3e-4", (given, read_back)
+
+    values = [float("inf"), float("-inf"), float("nan"), 1e-5, "3e-4", "yes", None, {"a": [1, float("inf")]}]
+    back = [v for _, v in parse_overrides(override_argv([(f"k{i}", v) for i, v in enumerate(values)]))]
+    assert repr(back) == repr(values)  # repr: nan == nan is False, its text is the same
 
 
 def test_status_reads_a_read_only_workspace(tmp_path, capsys):
