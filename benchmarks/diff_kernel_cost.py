@@ -6,16 +6,21 @@ Shapes: the `small` scale's attention (recipes/table6.yaml): the Transformer has
 Diff h = 6 heads of sub-heads d = 64 and V 2d = 128 (the same Q, K, V sizes), one layer, bf16, 16384
 tokens (batch = 16384 / N), causal, 64 x 64 tiles (a causal walk visits nb (nb + 1) / 2 of them).
 
-Forms (per tile of one head, in units of 64 x 64 x d multiply-adds x 2 FLOPs):
-- `transformer`: SDPA flash (FA2), 2h heads: forward S, PV (4); backward S, dP, dV, dK, dQ (10).
+Forms (per tile of one head, in units of one 64 x 64 x d product: 64 x 64 x d multiply-adds, 2 FLOPs
+each; a product with V 2d wide is 2 units):
+- `transformer`: SDPA flash (FA2), 2h heads: forward S, PV (2); backward S, dP, dV, dK, dQ (5).
 - `split_v`: FlashDiffAttn_2 through SDPA flash (the `sdpa_flash` backend): two calls over 2h stacked
   heads with V halves, each a Transformer's core; plus the copies around them (cat of V halves, the
   addcmul of the two outputs, the final cat, and their backward).
 - `flashdiff_1`: FlashDiffAttn_1 (Appendix A): one call over 2h heads with V 2d wide (a kernel that takes
-  a wider V; flash-attn 2 does not): forward S (2) + PV (4), backward S 2, dP 4, dV 4, dK 2, dQ 2.
-- `triton`: this project's kernel, h heads: forward S1, S2 (4) + P1 V, P2 V at 2d (8) = 12; backward in
-  two kernels, each recomputing S1, S2 and dP = dO V^T: kv kernel 4 + 4 + dV 4 + dK1, dK2 4 = 16, q
-  kernel 4 + 4 + dQ1, dQ2 4 = 12.
+  a wider V; flash-attn 2 does not): forward S (1) + PV (2), backward S 1, dP 2, dV 2, dK 1, dQ 1.
+- `triton`: this project's kernel, h heads: forward S1, S2 (2) + P1 V, P2 V at 2d (4) = 6; backward in
+  two kernels (the deterministic path), each recomputing S1, S2 and dP = dO V^T: kv kernel 2 + 2 + dV 2 +
+  dK1, dK2 2 = 8, q kernel 2 + 2 + dQ1, dQ2 2 = 6: 20 per Diff head. The single pass: 6 + 10 = 16.
+
+Per query-key pair, in units of heads x d FLOPs (a Diff head: two of the Transformer's): Transformer 28,
+Diff single pass 32, deterministic 40. Until this count was corrected every product was booked twice
+(2 units for one), so the efficiencies read from it were twice the true ones.
 
 Time = max(matmul FLOPs / (η peak) + exponentials / MUFU, kernel bytes / (0.8 BW)) + bytes of the
 elementwise passes / (0.8 BW): the flash kernels are compute bound at these lengths, FA2-style kernels do
@@ -30,8 +35,8 @@ of FA2's efficiency moves its ratio by about f.
 and 2,048 tokens it predicted the Transformer's core at 0.44 and 0.85 ms where it took about 1.1 ms. Each
 measured arm is fitted as `c0 + FLOPs / (eta x peak)` (least squares over its lengths): a fixed time per
 core (launches, the backward's δ pass and dQ's float32 conversion, partial waves of a small grid) and a
-matmul efficiency of its own; the next kernel (the single-pass backward: 32 units per Diff head instead of
-40) is predicted with the tuned kernel's fit.
+matmul efficiency of its own; the next kernel (the single-pass backward: 16 units per Diff head instead of
+20) is predicted with the tuned kernel's fit.
 """
 
 from __future__ import annotations
@@ -73,21 +78,21 @@ def cost(form: str, n: int) -> dict[str, float]:
     if form == "transformer":
         # fwd reads Q, K, V, writes O; bwd: δ pass (O, dO), main (Q, K, V, dO in, dQ, dK, dV out), dQ's
         # float32 accumulator (zeroed, converted: 10 bytes per element).
-        return {"flops": 2 * HEADS * 14 * unit, "exps": 2 * HEADS * 2 * elems, "bytes": e * (8 + 4 + 14 + 10),
+        return {"flops": 2 * HEADS * 7 * unit, "exps": 2 * HEADS * 2 * elems, "bytes": e * (8 + 4 + 14 + 10),
                 "extra": 0.0}  # fmt: skip
     if form == "split_v":
         # Two Transformer cores; per call cat(V half, V half) 3e, addcmul 3e forward, 8e backward;
         # the final cat 4e each way.
-        return {"flops": 2 * 2 * HEADS * 14 * unit, "exps": 2 * 2 * HEADS * 2 * elems,
+        return {"flops": 2 * 2 * HEADS * 7 * unit, "exps": 2 * 2 * HEADS * 2 * elems,
                 "bytes": 2 * e * 36, "extra": e * (2 * 6 + 4 + 2 * 8 + 4)}  # fmt: skip
     if form == "flashdiff_1":
         # V repeated for the stacked heads (2e elements) and outputs 2e wide; addcmul; their backward.
-        return {"flops": 2 * HEADS * 20 * unit, "exps": 2 * HEADS * 2 * elems, "bytes": e * (12 + 38),
+        return {"flops": 2 * HEADS * 10 * unit, "exps": 2 * HEADS * 2 * elems, "bytes": e * (12 + 38),
                 "extra": e * (6 + 6 + 12)}  # fmt: skip
     if form == "triton":
         # fwd reads Q, K, V, writes O and O2; bwd: δ (dO, O, O2), kv (K, V, Q, dO in, dK, dV out),
         # q (Q, dO, K, V in, dQ out).
-        return {"flops": HEADS * 40 * unit, "exps": HEADS * 6 * elems, "bytes": e * (10 + 6 + 12 + 10),
+        return {"flops": HEADS * 20 * unit, "exps": HEADS * 6 * elems, "bytes": e * (10 + 6 + 12 + 10),
                 "extra": 0.0}  # fmt: skip
     raise ValueError(form)
 
@@ -131,7 +136,7 @@ def table() -> str:
 H200_RESULTS = Path(__file__).resolve().parents[1] / "reports" / "gpu-h200"
 FITTED_ARMS = {"transformer_sdpa_flash": "transformer", "diff_split_v_sdpa_flash": "split_v",
                "diff_triton": "triton", "diff_triton_128x64": "triton"}  # fmt: skip
-SINGLE_PASS_UNITS = 12 + 20  # forward 12; backward: S1, S2, dP, dV, dK (16 + 4) and dQ (4) in one walk
+SINGLE_PASS_UNITS = 6 + 10  # forward 6; backward: S1, S2, dP, dV, dK1, dK2 (8) and dQ1, dQ2 (2) in one walk
 
 
 def measured_cores(folder: Path = H200_RESULTS) -> dict[str, dict[int, float]]:
@@ -183,7 +188,7 @@ def refit() -> str:
             lines.append(f"| {n} | {arm} | {points[n]:.3f} | {seconds(form, n, 'H200') * 1e3:.2f} | {refitted:.2f} | "
                          f"{base[n] / points[n]:.3f} | {base_refit / refitted:.3f} |")  # fmt: skip
         c0, eta = fits["diff_triton_128x64"]
-        single = c0 + cost("triton", n)["flops"] * SINGLE_PASS_UNITS / 40 / (eta * peak) * 1e3
+        single = c0 + cost("triton", n)["flops"] * SINGLE_PASS_UNITS / 20 / (eta * peak) * 1e3
         lines.append(f"| {n} | next kernel (single-pass backward), predicted | | | {single:.2f} | | "
                      f"{base[n] / single:.3f} (against the measured Transformer) |")  # fmt: skip
     return "\n".join(lines)

@@ -6,7 +6,7 @@ on the device, checked, then timed against what Diff runs without it and against
    a tile; the output's and the largest gradient's relative error (q, k, v, λ), pass/FAIL.
 2. `t_bench.csv`: median ms of one forward + backward of one layer's attention core at the `small`
    widths in bf16 (Transformer 12 heads of 64, Diff 6 heads of 2 x 64), 16,384 tokens at each sequence
-   1024-8192: the Transformer on SDPA's flash kernel (the baseline), Diff split V on the same kernel
+   1024-8192 (the backward from a dense dO of its own, as the model's): the Transformer on SDPA's flash kernel (the baseline), Diff split V on the same kernel
    (`sdpa_flash`), Diff on the kernel, and the Transformer on the kernel with one map (the same code
    for both arms). Beside each, its throughput against the baseline, measured, and the ratio
    `benchmarks/diff_kernel_cost.py` predicted for that card (written before any GPU ran it).
@@ -48,6 +48,7 @@ def card_of(name: str) -> str | None:
 def core(kind: str, backend: str, batch: int, n: int, width: int, heads: int, dtype, device):
     """Inputs of one layer's core as its component makes them, and a step of forward + backward."""
     gen = torch.Generator().manual_seed(0)
+    backward = _backward_with_dense_grad()
 
     def leaf(*shape):
         return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype).requires_grad_()
@@ -58,14 +59,29 @@ def core(kind: str, backend: str, batch: int, n: int, width: int, heads: int, dt
             leaf(batch, 2 * heads, n, width),
             leaf(batch, 2 * heads, n, width),
         )
-        return lambda: backends.attend(q, k, v, backend=backend).sum().backward()
+        return lambda: backward(backends.attend(q, k, v, backend=backend))
     q, k, v = (
         leaf(batch, 2, heads, n, width),
         leaf(batch, 2, heads, n, width),
         leaf(batch, heads, n, 2 * width),
     )
     lam = torch.tensor(0.4, device=device, requires_grad=True)
-    return lambda: backends.diff_attend_maps(q, k, v, lam, backend=backend).sum().backward()
+    return lambda: backward(backends.diff_attend_maps(q, k, v, lam, backend=backend))
+
+
+def _backward_with_dense_grad():
+    """`backward(out)`: out's backward from a gradient of its own, dense and laid out as out (as the output
+    projection's backward hands it), made once; `.sum().backward()` would hand an expanded tensor of
+    stride 0, whose reads all hit one cached line."""
+    grads: dict = {}
+
+    def backward(out: torch.Tensor) -> None:
+        key = (tuple(out.shape), out.stride())
+        if key not in grads:
+            grads[key] = torch.randn_like(out)
+        out.backward(grads[key])
+
+    return backward
 
 
 def main(ctx) -> None:

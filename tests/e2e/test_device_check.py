@@ -354,3 +354,8 @@ def test_the_cost_models_refit_recovers_a_known_line_and_fits_the_h200s_cores():
         for n, ms in points.items():
             assert abs(c0 + model.cost(model.FITTED_ARMS[arm], n)["flops"] / (eta * peak) * 1e3 - ms) < 0.3
     assert "| 2048 | next kernel (single-pass backward), predicted | | | 1.76 |" in model.refit()
+    # FLOPs once per product: the Transformer's core at 8,192 tokens is 2 sequences x 12 heads x the query-key
+    # pairs of the causal 64 x 64 tiles x 7 products (S, PV; S, dP, dV, dK, dQ) x 2 x 64 FLOPs
+    pairs = 128 * 129 // 2 * 64 * 64
+    assert model.cost("transformer", 8192)["flops"] == 2 * 12 * pairs * 7 * 2 * 64
+    assert model.cost("triton", 8192)["flops"] == 6 * pairs * 2 * 20 * 2 * 64  # a Diff head: 20 products
