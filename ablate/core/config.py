@@ -351,11 +351,47 @@ def load_section(cls: type, raw: Any, key: str, *, what: str = "key") -> Any:
             raise UserError(f"{dot}{name}: unknown {what}{closest(name, names)}; keys: {', '.join(names)}")
     values = {}
     for f in dataclasses.fields(cls):
-        if f.name in raw:
+        if f.name in raw and SIZE_LIMIT in f.metadata:
+            values[f.name] = size_knob(f"{dot}{f.name}", raw[f.name], f.metadata[SIZE_LIMIT])
+        elif f.name in raw:
             values[f.name] = check_value(f"{dot}{f.name}", hints[f.name], raw[f.name])
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise UserError(f"{dot}{f.name}: {f.metadata.get('missing', 'required, not set')}")
     return cls(**values)
+
+
+# A size knob (a width, a depth, a length, a count) is a field `size(limit)`: an integer from 1 to its limit,
+# checked before anything is built from it. The limits are far past any model trained today and short of
+# what would take a machine down: a model's cost is computed per block (ablate.model.cost), but training
+# builds every layer, and a float (1e9, 4.1e116) is no layer count.
+SIZE_LIMIT = "size_limit"
+
+
+def size(limit: int, **kwargs: Any) -> Any:
+    """A dataclass field holding a size knob bounded by `limit` (kwargs: the field's default)."""
+    return dataclasses.field(metadata={SIZE_LIMIT: limit}, **kwargs)
+
+
+def size_knob(key: str, value: Any, limit: int) -> int:
+    """`value` as a size knob: an integer (no float, no bool) from 1 to `limit`, or one `UserError` line."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        raise UserError(f"{key}: expected an integer from 1 to {limit:,}, got {_shown(value)}")
+    return value
+
+
+def check_sizes(section: Any, key: str) -> None:
+    """Every size knob of dataclass instance `section` (recipe key `key`) within its limit."""
+    for f in dataclasses.fields(section):
+        if SIZE_LIMIT in f.metadata:
+            size_knob(f"{key}.{f.name}", getattr(section, f.name), f.metadata[SIZE_LIMIT])
+
+
+def _shown(value: Any) -> str:
+    """A value for an error line: a huge integer by its size (its digits would be the line)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"an integer of about 10^{value.bit_length() * 30103 // 100000}"
+    text = f"{value!r} ({type(value).__name__})"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -6,9 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from jsonargparse.typing import PositiveInt
-
-from ablate.core.config import load_section
+from ablate.core.config import check_sizes, load_section, size
 from ablate.core.errors import UserError
 from ablate.core.registry import Spec
 from ablate.model import parametrization as param
@@ -16,6 +14,13 @@ from ablate.model import parametrization as param
 # Model keys added after runs were recorded: a run's key counts them only away from these defaults, so a
 # run recorded before them keeps its key (ablate.recipe.resolve.RunSpec.identity).
 MODEL_KEYS_ADDED_LATER = {"parametrization": "standard"}
+
+# The size knobs' limits (ablate.core.config.size): past the largest models trained today (vocabularies
+# of 256K, widths of 16K, 128 layers) and short of a model no check could finish.
+MAX_VOCAB = 1 << 21
+MAX_WIDTH = 1 << 16
+MAX_LAYERS = 1024
+MAX_HEAD_DIM = 1 << 12
 
 
 @dataclass(frozen=True)
@@ -40,10 +45,10 @@ class ModelConfig:
             base_n_layers, depth: none | completep} (ablate.model.parametrization)
     """
 
-    vocab_size: PositiveInt
-    d_model: PositiveInt
-    n_layers: PositiveInt
-    head_dim: PositiveInt
+    vocab_size: int = size(MAX_VOCAB)
+    d_model: int = size(MAX_WIDTH)
+    n_layers: int = size(MAX_LAYERS)
+    head_dim: int = size(MAX_HEAD_DIM)
     attention: Spec = "softmax"
     norm: Spec = "rmsnorm"
     ffn: Spec = "swiglu"
@@ -55,6 +60,7 @@ class ModelConfig:
     parametrization: Spec = "standard"
 
     def __post_init__(self) -> None:
+        check_sizes(self, "model")
         if self.d_model % self.head_dim:
             raise UserError(f"model.head_dim: {self.head_dim} does not divide d_model {self.d_model}")
         parsed = param.parse(

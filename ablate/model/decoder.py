@@ -27,6 +27,7 @@ import functools
 import hashlib
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -71,6 +72,42 @@ class Block(nn.Module):
         return x + self.ffn(self.ffn_norm(x))
 
 
+def block_makers(config: ModelConfig) -> dict[str, Callable[..., nn.Module]]:
+    """The builders of a block's components, each spec checked once (then built for every layer)."""
+    return {
+        "norm": registry.builder("norm", config.norm, key="model.norm", structure=("dim",)),
+        "attention": registry.builder(
+            "attention",
+            config.attention,
+            key="model.attention",
+            structure=contract.INJECTED["attention"],
+        ),
+        "ffn": registry.builder("ffn", config.ffn, key="model.ffn", structure=("d_model",)),
+    }
+
+
+def check_head_ratio(config: ModelConfig, block: Block, mults: param.Multipliers) -> None:
+    """μP's 1/d rule reaches the logits through the attention's `head_ratio`: one that does not take it
+    cannot be trained at a head width other than the base's."""
+    attention = type(block.attention)
+    if mults.head_ratio != 1.0 and "head_ratio" not in contract.consumed(attention, "attention"):
+        raise UserError(
+            f"model.attention: {attention.__qualname__} does not take head_ratio, so its logits cannot "
+            f"follow {param.KEY} mup's 1/d rule at head_dim {config.head_dim} (base "
+            f"{config.parsed_parametrization.base_head_dim}); accept head_ratio (ablate.core.contract)"
+        )
+
+
+def model_multipliers(config: ModelConfig) -> param.Multipliers:
+    """The parametrization's multipliers of a model of `config` (ablate.model.parametrization)."""
+    return param.multipliers(
+        config.parsed_parametrization,
+        d_model=config.d_model,
+        head_dim=config.head_dim,
+        n_layers=config.n_layers,
+    )
+
+
 class DecoderLM(nn.Module):
     """Embedding, `n_layers` pre-norm blocks, final norm, LM head (tied or untied)."""
 
@@ -83,30 +120,12 @@ class DecoderLM(nn.Module):
             config = ModelConfig.from_dict(config)
         self.config = config
         self.parametrization = config.parsed_parametrization
-        mults = param.multipliers(
-            self.parametrization, d_model=config.d_model, head_dim=config.head_dim, n_layers=config.n_layers
-        )
+        mults = model_multipliers(config)
         self.output_mult = mults.output  # μP's 1 / m_N on the LM head's input (ablate.model.parametrization)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        # Each component's spec is checked once here, then built for every layer.
-        make = {
-            "norm": registry.builder("norm", config.norm, key="model.norm", structure=("dim",)),
-            "attention": registry.builder(
-                "attention",
-                config.attention,
-                key="model.attention",
-                structure=contract.INJECTED["attention"],
-            ),
-            "ffn": registry.builder("ffn", config.ffn, key="model.ffn", structure=("d_model",)),
-        }
+        make = block_makers(config)
         self.blocks = nn.ModuleList(Block(config, i, make, mults) for i in range(config.n_layers))
-        attention = type(self.blocks[0].attention)
-        if mults.head_ratio != 1.0 and "head_ratio" not in contract.consumed(attention, "attention"):
-            raise UserError(
-                f"model.attention: {attention.__qualname__} does not take head_ratio, so its logits cannot "
-                f"follow {param.KEY} mup's 1/d rule at head_dim {config.head_dim} (base "
-                f"{self.parametrization.base_head_dim}); accept head_ratio (ablate.core.contract)"
-            )
+        check_head_ratio(config, self.blocks[0], mults)
         self.final_norm = make["norm"](dim=config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -202,3 +221,27 @@ def build_model(
     if device != "meta":
         model.reset_parameters(seed)
     return model
+
+
+@dataclass(frozen=True)
+class MetaBlocks:
+    """A model's config, first and last blocks and final norm on `meta`: what its cost and shape are read
+    from (ablate.model.cost) in the time of two blocks, whatever `n_layers` is."""
+
+    config: ModelConfig
+    first: Block
+    last: Block
+    final_norm: nn.Module
+
+
+def meta_blocks(config: ModelConfig | Mapping[str, Any]) -> MetaBlocks:
+    """`MetaBlocks` of `config`, with the checks a whole model's build makes and no other layer built."""
+    if not isinstance(config, ModelConfig):
+        config = ModelConfig.from_dict(config)
+    make, mults = block_makers(config), model_multipliers(config)
+    with torch.device("meta"):
+        first = Block(config, 0, make, mults)
+        last = Block(config, config.n_layers - 1, make, mults) if config.n_layers > 1 else first
+        final_norm = make["norm"](dim=config.d_model)
+    check_head_ratio(config, first, mults)
+    return MetaBlocks(config, first, last, final_norm)

@@ -187,10 +187,10 @@ def mup_notes(costs: list[VariantCost]) -> list[str]:
 
     notes = []
     for c in costs:
+        if not c.run.model.parsed_parametrization.mup:
+            continue
         model = build_model(c.run.model, device="meta")
         p = model.parametrization
-        if not p.mup:
-            continue
         model.mup_basis  # noqa: B018 -- roles and the base model: each failure a UserError line
         cfg = model.config
         if p.base_d_model > cfg.d_model or p.base_n_layers > cfg.n_layers:

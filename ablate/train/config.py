@@ -10,11 +10,21 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from ablate.core.config import Precision
+from ablate.core.config import Precision, check_sizes, size
 from ablate.core.errors import UserError
 
 # Lightning strategies that start processes by spawning/forking the caller: ablate launches ranks itself.
 SPAWNING_STRATEGIES = ("ddp_spawn", "ddp_fork", "ddp_notebook", "ddp_spawn_find_unused_parameters_true")
+
+# The size knobs' limits (ablate.core.config.size): a context of 1M tokens, 128M tokens a step (Llama 3
+# took 16M), a billion steps, a thousand devices a node and 64K nodes are all allowed; a typo is not.
+MAX_SEQ_LEN = 1 << 20
+MAX_BATCH_TOKENS = 1 << 27
+MAX_MICRO_BATCH = 1 << 16
+MAX_STEPS = 10**9
+MAX_VAL_BATCHES = 1 << 16
+MAX_DEVICES = 1 << 10
+MAX_NODES = 1 << 16
 
 
 def cooldown_steps_of(steps: int, cooldown_fraction: float) -> int:
@@ -56,10 +66,10 @@ class TrainConfig:
         strategy: Lightning strategy (auto or ddp)
     """
 
-    seq_len: int
-    batch_tokens: int
-    micro_batch_size: int
-    steps: int
+    seq_len: int = size(MAX_SEQ_LEN)
+    batch_tokens: int = size(MAX_BATCH_TOKENS)
+    micro_batch_size: int = size(MAX_MICRO_BATCH)
+    steps: int = size(MAX_STEPS)
     lr: float
     betas: tuple[float, float] = (0.9, 0.98)  # Appendix E
     eps: float = 1e-8
@@ -73,30 +83,18 @@ class TrainConfig:
     precision: Precision = (
         "auto"  # bf16-mixed where the device runs bf16 natively, else 32-true (ablate.hardware.precision)
     )
-    val_every: int = 1000  # optimizer steps between validations (and checkpoints)
-    val_batches: int = 16  # micro-batches in the fixed held-out set
-    log_every: int = 10
+    val_every: int = size(MAX_STEPS, default=1000)  # optimizer steps between validations (and checkpoints)
+    val_batches: int = size(MAX_VAL_BATCHES, default=16)  # micro-batches in the fixed held-out set
+    log_every: int = size(MAX_STEPS, default=10)
     compile: bool | Literal["auto"] = "auto"
     deterministic: bool = False
     accelerator: str = "auto"
-    devices: int = 1
-    num_nodes: int = 1
+    devices: int = size(MAX_DEVICES, default=1)
+    num_nodes: int = size(MAX_NODES, default=1)
     strategy: str = "auto"
 
     def __post_init__(self) -> None:
-        for name in (
-            "seq_len",
-            "batch_tokens",
-            "micro_batch_size",
-            "steps",
-            "val_every",
-            "val_batches",
-            "log_every",
-            "devices",
-            "num_nodes",
-        ):
-            if getattr(self, name) <= 0:
-                raise UserError(f"train.{name}: must be positive, got {getattr(self, name)}")
+        check_sizes(self, "train")
         if not 0 < self.lr < math.inf:
             raise UserError(f"train.lr: must be a positive number, got {self.lr}")
         for name in (

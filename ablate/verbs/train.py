@@ -29,6 +29,7 @@ def train(
         seed: seed (default: the recipe's first)
         size: size, for recipes with a sizes axis (scaling grids)
     """
+    from ablate.model.decoder import meta_blocks
     from ablate.train.branches import train_budgets
 
     opts = Shared(**options)
@@ -44,6 +45,7 @@ def train(
             )
         runs = [r for r in runs if r.size == size]
     (run,) = runs
+    meta_blocks(run.model)  # its components' options checked (one line each) before the workspace is touched
     for result in train_budgets(run, opts.stores):
         print(result.summary())  # the run, then each smaller budget's branch (ablate.recipe.budgets)
     return 0

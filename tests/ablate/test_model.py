@@ -121,7 +121,7 @@ def test_model_config_from_dict_rejects_unknown_keys_and_bad_sizes():
         ModelConfig.from_dict({"vocab_size": 8, "d_model": 8, "n_layers": 1, "head_dim": 4, "d_modle": 8})
     with pytest.raises(UserError, match="model.head_dim: 3 does not divide d_model 8"):
         ModelConfig.from_dict({"vocab_size": 8, "d_model": 8, "n_layers": 1, "head_dim": 3})
-    with pytest.raises(UserError, match="model.n_layers: expected a positive integer, got True"):
+    with pytest.raises(UserError, match="model.n_layers: expected an integer from 1 to 1,024, got True"):
         ModelConfig.from_dict({"vocab_size": 8, "d_model": 8, "n_layers": True, "head_dim": 4})
 
 

@@ -113,11 +113,19 @@ ERROR_CASES = [
         {"base__model__d_modle": 32},
         ["model.d_modle: unknown model key", "did you mean 'd_model'?"],
     ),
-    ("d_model_str", {"base__model__d_model": "big"}, ["model.d_model: expected a positive integer", "'big'"]),
-    ("n_layers_zero", {"base__model__n_layers": 0}, ["model.n_layers: expected a positive integer"]),
+    (
+        "d_model_str",
+        {"base__model__d_model": "big"},
+        ["model.d_model: expected an integer from 1 to 65,536", "'big'"],
+    ),
+    ("n_layers_zero", {"base__model__n_layers": 0}, ["model.n_layers: expected an integer from 1 to 1,024"]),
     ("missing_vocab", {"base__model__vocab_size": None}, ["model.vocab_size: required"]),
     ("lr_str", {"base__train__lr": "fast"}, ["train.lr: expected float", "'fast'"]),
-    ("steps_float", {"base__train__steps": 1.5}, ["train.steps: expected int"]),
+    (
+        "steps_float",
+        {"base__train__steps": 1.5},
+        ["train.steps: expected an integer from 1 to 1,000,000,000, got 1.5"],
+    ),
     ("unknown_train_key", {"base__train__lrr": 0.1}, ["train.lrr: unknown key", "did you mean 'lr'?"]),
     (
         "bad_precision",
@@ -433,7 +441,7 @@ def test_variant_override_is_seen_by_check(capsys):
         ),
         (["--base.train.lr"], ["--base.train.lr: needs a value"]),
         (["--base.train.lr", "fast"], ["train.lr: expected float", "'fast'"]),
-        (["--base.model.d_model", "big"], ["model.d_model: expected a positive integer", "'big'"]),
+        (["--base.model.d_model", "big"], ["model.d_model: expected an integer from 1 to 65,536", "'big'"]),
         (
             ["--base.model.attention.per_head_nrom", "true"],
             ["per_head_nrom", "did you mean 'per_head_norm'?"],

@@ -12,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-import os
 from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, example, given, settings
+from fuzzing import bounded, fuzz_settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 from scaleout_helpers import run_cli
 
@@ -211,22 +211,20 @@ def _write(folder: Path, document: object) -> Path:
     return path
 
 
-# ABLATE_FUZZ_EXAMPLES=5000 fuzzes longer (locally); the suite's default keeps it to seconds.
-FUZZ = settings(
-    max_examples=int(os.environ.get("ABLATE_FUZZ_EXAMPLES", "120")),
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+# A fixed test by default and under CI; `ABLATE_FUZZ_EXAMPLES=5000` searches at random (tests/fuzzing.py).
+FUZZ = fuzz_settings()
 
 
 @FUZZ
 @given(document=VALUES)
+@bounded()
 def test_random_yaml_documents(tmp_path, document):
     assert_clean(*check(_write(tmp_path, document)))
 
 
 @FUZZ
 @given(text=st.text(max_size=200))
+@bounded()
 def test_random_text_files(tmp_path, text):
     path = tmp_path / "fuzz.yaml"
     path.write_text(text)
@@ -248,6 +246,7 @@ def _paths(tree: object, prefix: tuple = ()) -> list[tuple]:
 @FUZZ
 @given(data=st.data())
 @example(data=None)  # the valid recipe itself
+@bounded()
 def test_mutated_recipes(tmp_path, data):
     recipe = copy.deepcopy(VALID)
     if data is not None:
@@ -277,6 +276,7 @@ def test_mutated_recipes(tmp_path, data):
         max_size=3,
     )
 )
+@bounded()
 def test_random_dotted_overrides(tmp_path, pairs):
     argv = []
     for key, value, form in pairs:
@@ -308,6 +308,9 @@ REGRESSIONS: list[tuple[str, object, list[str]]] = [
     ("variant-model-null", _with((("variants", "diff", "model"), None)), []),  # TypeError: 'NoneType' ...
     ("devices-zero", _with((("base", "train", "devices"), 0)), []),  # ZeroDivisionError: modulo by zero
     ("devices-zero-override", VALID, ["--base.train.devices", "0"]),  # the same through an override
+    # Never ended: the model was built one module per layer, and a float was taken as a layer count.
+    ("n-layers-4.1e116", _with((("base", "model", "n_layers"), 4.1e116)), []),
+    ("n-layers-1e5", _with((("base", "model", "n_layers"), 10**5)), []),
 ]
 
 
