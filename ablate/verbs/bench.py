@@ -120,24 +120,17 @@ def run_bench(
     ops = ops or device_ops(device)
     recipe = load_recipe(recipe_path, list(overrides), scale=scale)
     runs = lib.bench_runs(recipe, variants, backend)
-    configs = {variant: model for variant, (model, _) in runs.items()}
     batch = batch_size or max(1, tokens_per_step // seq_lens[0])
-    first, first_train = runs[variants[0]]
-    step = replace(first_train, seq_len=seq_lens[0], micro_batch_size=batch, compile=compile)
-    chosen, why = _step_precision(precision, ops, first, step, step_timer)
+    chosen, why = _step_precision(
+        precision, ops, runs[variants[0]], (seq_lens[0], batch, compile), step_timer
+    )
     say = lib.printer(echo)
     say(f"precision: {chosen} ({why})")
     malloc = tune_glibc_malloc() if tune_malloc else "glibc malloc defaults"
     load_before = os.getloadavg()
     foreign = lib.ForeignCpu()
     arms, models = lib.build_arms(
-        runs,
-        seq_lens,
-        ops,
-        chosen,
-        compile=compile,
-        batch_size=batch_size,
-        tokens_per_step=tokens_per_step,
+        runs, seq_lens, ops, chosen, compile=compile, batch_size=batch_size, tokens_per_step=tokens_per_step
     )
     dtypes = list(dict.fromkeys([compute_dtype(chosen), torch.float32]))  # the dtype that ran, then float32
     peaks, repeated = lib.measure(
@@ -158,7 +151,7 @@ def run_bench(
         **{"compile": compile, "loads": (load_before, os.getloadavg()), "malloc": malloc, "say": say},
         **{"foreign": foreign.fraction(), "repeated": repeated},
     }
-    say(write_results(Path(out), arms, configs, models, context))
+    say(write_results(Path(out), arms, {v: model for v, (model, _) in runs.items()}, models, context))
     return Path(out)
 
 
@@ -174,13 +167,19 @@ def _seq_lens(
     return [int(n) for n in seq_lens]
 
 
-def _step_precision(precision: str, ops: Any, config: Any, train: Any, step_timer: Any) -> tuple[str, str]:
+def _step_precision(
+    precision: str, ops: Any, run: tuple[Any, Any], shape: tuple[int, int, bool], step_timer: Any
+) -> tuple[str, str]:
     """The precision the arms run in and why; `auto` on a CPU claiming native bf16: the first arm's whole
-    training step, timed both ways (ablate.train.choices.precision)."""
+    training step (its run's `model`, `train` at the arm's (length, batch, compiling)), timed both ways
+    (ablate.train.choices.precision)."""
     from ablate.train.choices.precision import choose_step_precision, time_step
 
+    model, train = run
+    seq_len, batch, compiled = shape
+    train = replace(train, seq_len=seq_len, micro_batch_size=batch, compile=compiled)
     chosen, why, _ = choose_step_precision(
-        precision, ops.device, config, train, key="--precision", timer=step_timer or time_step
+        precision, ops.device, model, train, key="--precision", timer=step_timer or time_step
     )
     return chosen, why
 
