@@ -2,8 +2,9 @@
 
 A number is a decimal written in the prose (`0.282`, `26.1 min`, `1.8x`, `+0.091`, `6.4%`): integers are
 counts (seeds, runs, steps) and are left out, as is anything in backticks or a code block (commands, paths,
-versions) and the generated provenance lines (date, wall-clock). It is found when a CSV value rounds to it
-at the README's number of decimals:
+versions), and the generated provenance lines (date, wall-clock) of a folder without `provenance.csv` (one
+whose runs' stores were not kept). It is found when a CSV value rounds to it at the README's number of
+decimals:
 - sign: a signed number (`+0.033`, `−0.005`) needs a value of that sign; an unsigned one may quote a
   magnitude (a cost, "lags by 0.033");
 - unit: `%` is a fraction times 100 or a value in percent, `x` a ratio as it is, `min` seconds over 60 or
@@ -11,6 +12,11 @@ at the README's number of decimals:
 - folder: a report folder's README is checked against the CSVs of that folder (and its subfolders) only;
   `reports/README.md` paragraph by paragraph, each against the folders the paragraph names (`table6-cpu/`),
   and a number in a paragraph that names no folder is not found.
+
+A folder with `provenance.csv` (ablate.report.provenance, written by the report verbs from its export)
+quotes its date, machine and torch from it: the header's date is the CSV's `last_end`, and a paragraph
+sentence that starts with "Machine" names, in its paragraph, the CSV's `machine` (or says it was not recorded) and no torch version
+but the CSV's.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from pathlib import Path
 
 import pytest
 
+from ablate.report.provenance import FILE as PROVENANCE
+from ablate.store.export import has_export
+
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 NUMBER = re.compile(r"(?<![\w.])[-+−]?\d+\.\d+(?:[KMB](?![a-zA-Z]))?(?![\w.]*\d)")
 UNIT = re.compile(r"\s?(%)|(x|×)(?![a-zA-Z])|\s(min)\b")
@@ -29,18 +38,20 @@ SCALE = {"K": 1e3, "M": 1e6, "B": 1e9}
 BLOCK = re.compile(r"\n\s*\n|\n(?=- )")  # paragraphs and list items
 
 
-def prose(text: str) -> str:
+def prose(text: str, provenance_backed: bool = False) -> str:
     text = re.sub(r"```.*?```", " ", text, flags=re.S)  # code blocks
     text = re.sub(r"^    .*$", " ", text, flags=re.M)  # indented code
     text = re.sub(r"`[^`]*`", " ", text)  # code spans
     text = re.sub(r"\]\([^)]*\)", "]", text)  # link targets
-    provenance = ("- date:", "- wall-clock:")  # when and how long: about the run of the study, not results
+    if provenance_backed:  # its date and wall-clock lines are numbers of its provenance.csv
+        return text
+    provenance = ("- date:", "- wall-clock:")  # a folder without an export: what its report wrote then
     return "\n".join(line for line in text.splitlines() if not line.startswith(provenance))
 
 
-def quoted_numbers(text: str) -> list[str]:
+def quoted_numbers(text: str, provenance_backed: bool = False) -> list[str]:
     """Each number as written, its unit appended (`1.8x`, `6.4%`, `26.1min`), `−` read as `-`."""
-    text = prose(text)
+    text = prose(text, provenance_backed)
     out = []
     for m in NUMBER.finditer(text):
         unit = UNIT.match(text, m.end())
@@ -83,9 +94,9 @@ def found(number: str, values: list[float]) -> bool:
     return False
 
 
-def missing_numbers(text: str, folders: list[Path]) -> list[str]:
+def missing_numbers(text: str, folders: list[Path], provenance_backed: bool = False) -> list[str]:
     values = csv_values(folders)
-    return sorted({n for n in quoted_numbers(text) if not found(n, values)})
+    return sorted({n for n in quoted_numbers(text, provenance_backed) if not found(n, values)})
 
 
 def folders_named(block: str, folders: list[Path]) -> list[Path]:
@@ -107,8 +118,67 @@ def report_folders(root: Path = REPORTS) -> list[Path]:
 def test_every_number_a_report_readme_quotes_is_in_its_own_csvs(folder):
     if not (folder / "README.md").exists():
         pytest.fail(f"{folder.name}/ has no README.md saying what it is and how it was made")
-    missing = missing_numbers((folder / "README.md").read_text(), [folder])
+    backed = (folder / PROVENANCE).is_file()
+    missing = missing_numbers((folder / "README.md").read_text(), [folder], backed)
     assert not missing, f"reports/{folder.name}/README.md quotes numbers in no CSV of its folder: {missing}"
+
+
+def provenance_problems(readme: str, row: dict[str, str]) -> list[str]:
+    """What a README says about when, on which machine and with which torch its runs trained that its
+    provenance.csv row does not."""
+    problems = []
+    dates = re.findall(r"^- date: (.*?) \(the last trial's end\)$", readme, flags=re.M)
+    if any(d != row["last_end"] for d in dates):
+        problems.append(f"date {dates} where provenance.csv says {row['last_end']!r}")
+    for block in BLOCK.split(readme):
+        start = re.search(r"(?:^|(?<=[.:;] ))Machine\b", " ".join(block.split()))
+        if not start:
+            continue
+        block = " ".join(block.split())[start.start() :]
+        if row["machine"] not in block and "not recorded" not in block:
+            problems.append(f"a Machine paragraph names no machine of provenance.csv ({row['machine']!r})")
+        for version in re.findall(r"torch (\d[\w.+]*\w)", block):
+            if version != row["torch"]:
+                problems.append(f"torch {version} where provenance.csv says {row['torch']!r}")
+    return problems
+
+
+@pytest.mark.parametrize(
+    "folder", [f for f in report_folders() if (f / PROVENANCE).is_file()], ids=lambda p: p.name
+)
+def test_a_readme_quotes_its_date_machine_and_torch_from_its_provenance_csv(folder):
+    with open(folder / PROVENANCE, newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    problems = provenance_problems((folder / "README.md").read_text(), row)
+    assert not problems, f"reports/{folder.name}/README.md: {problems}"
+
+
+def test_the_reports_index_lists_every_folder_with_an_export():
+    index = (REPORTS / "README.md").read_text()
+    rebuildable = index[index.index("Which folders can be rebuilt") :].split("\n\n")[0]
+    exported = [f.name for f in report_folders() if has_export(f)]
+    assert [name for name in exported if f"`{name}/`" not in rebuildable] == []
+
+
+def test_every_folder_with_an_export_has_its_provenance_csv():
+    exported = [f.name for f in report_folders() if has_export(f)]
+    assert exported
+    assert [name for name in exported if not (REPORTS / name / PROVENANCE).is_file()] == []
+
+
+def test_the_provenance_audit_catches_a_date_machine_or_torch_from_elsewhere():
+    row = {"last_end": "2026-11-28 06:58 UTC", "machine": "2 cores of an AMD EPYC", "torch": "2.13.0+cpu"}
+    good = "- date: 2026-11-28 06:58 UTC (the last trial's end)\n\nMachine: 2 cores of an AMD EPYC; torch 2.13.0+cpu.\n"
+    assert provenance_problems(good, row) == []
+    assert len(provenance_problems(good.replace("06:58", "07:58"), row)) == 1
+    assert len(provenance_problems(good.replace("AMD EPYC", "Intel Xeon"), row)) == 1
+    assert len(provenance_problems(good.replace("2.13.0+cpu", "2.12.0"), row)) == 1
+    unrecorded = row | {"machine": "not recorded", "torch": "not recorded"}
+    assert provenance_problems("Made here. Machine: not recorded by these runs.\n", unrecorded) == []
+    assert len(provenance_problems("Made here. Machine: an Intel Xeon.\n", unrecorded)) == 1
+    assert len(provenance_problems("Machine: an Intel Xeon, torch 2.13.0.\n", unrecorded)) == 2
+    wall = "- wall-clock: 40.4 min from the first trial's start\n"
+    assert quoted_numbers(wall) == [] and quoted_numbers(wall, provenance_backed=True) == ["40.4min"]
 
 
 def test_every_number_the_reports_index_quotes_is_in_the_folder_it_names():

@@ -30,7 +30,8 @@ EXPORTED = [(FIXTURE, "mini")] + [
 ]
 
 
-INPUTS = ("runs.parquet", "metrics.parquet", "README.md", "predictions.csv", "claims.csv", "beyond_edges.csv")
+INPUTS = ("runs.parquet", "metrics.parquet", "README.md")  # the export and the README's hand-written part
+PREDICTIONS = ("predictions.csv", "claims.csv")  # written before the runs: inputs its README names as such
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -116,13 +117,18 @@ def test_report_from_export_rebuilds_the_committed_folder_byte_identical(root, n
     for other in [grid] * bool(grid) + compared:
         if not (tmp_path / other).exists():
             shutil.copytree(root / other, tmp_path / other)
-    # all go but the inputs: the export, the README's hand-written part, a prediction written before the
-    # runs (ablate.report.predict), which the report sets the measurement beside, and runs made outside
-    # the study that the hand-written part quotes (beyond_edges.csv: one lr past each edge of a grid).
-    # Every comparison with another folder goes too, and the verb writes it again from the two folders.
+    # all go but the inputs: the export, the README's hand-written part, and a prediction written before
+    # the runs (ablate.report.predict, ablate.report.claims), which the report sets the measurement beside
+    # and the README names. Every CSV else goes (provenance.csv and every comparison with another folder
+    # too), and the verb writes it again from the export (and the compared folders).
+    readme = (committed / "README.md").read_text()
     for generated in copy.iterdir():
         if generated.is_dir():
             shutil.rmtree(generated)
+        elif generated.name in PREDICTIONS:
+            assert f"`{generated.name}`" in readme, (
+                f"{name}/README.md does not name its input {generated.name}"
+            )
         elif generated.name not in INPUTS:
             generated.unlink()
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
