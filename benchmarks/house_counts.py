@@ -1,12 +1,15 @@
-"""Print the tree's size counts: long modules, long functions, the command line's length, the import rules.
+"""Print the tree's size counts: long modules, long functions, the command line's length, the import rules,
+and a run's walk through train/.
 
     python benchmarks/house_counts.py [--module-lines 500] [--function-lines 80]
 
 Prints, for `ablate/`, `components/` and `benchmarks/`: every module over `--module-lines` lines (with its length),
 every function or method of `--function-lines` lines or more (nested ones too, counted from its `def` to
-its last line), the length of `ablate/cli.py`, and the import circles and the imports that break the layer
-rules, as `tests/ablate/test_layers.py` finds them (its functions are imported here, not copied). A report
-of where the tree stands, not a limit: it always exits 0.
+its last line), the length of `ablate/cli.py`, the import circles and the imports that break the layer
+rules, as `tests/ablate/test_layers.py` finds them (its functions are imported here, not copied), and a
+run's walk from its entry into `ablate/train/` to its result (`benchmarks/call_walk.py`: the functions
+entered, the files and folders touched, the returns across files). Pairs of duplicated lines are left to a
+duplicate finder. A report of where the tree stands, not a limit: it always exits 0.
 """
 
 from __future__ import annotations
@@ -88,6 +91,24 @@ def main(argv: list[str] | None = None) -> None:
     print(f"imports against the layer rules: {len(arrows)}")
     for problem in arrows:
         print(f"  {problem}")
+
+    print_walk()
+
+
+def print_walk() -> None:
+    """The run's walk (benchmarks/call_walk.py), in three lines."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import call_walk
+
+    run = call_walk.walk(ROOT)
+    within = len(run.returns_within)
+    print(
+        f"a run's walk from {call_walk.ENTRY.replace(':', '.')}: {len(run.entered)} train/ functions entered"
+    )
+    print(f"  {len(run.files)} files in {len(run.folders)} folders: {', '.join(sorted(run.folders))}")
+    print(
+        f"  {len(run.returns)} returns across files: {within} between train/'s files, {len(run.returns) - within} out of it"
+    )
 
 
 if __name__ == "__main__":
