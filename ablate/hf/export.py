@@ -145,21 +145,12 @@ def export_run(
 ) -> Exported:
     """The finished run named `run` (its name, e.g. `diff-s0`, a budget branch's name, or its MLflow run id) of
     `recipe`'s sweep at `scale`, written to `out`; its MLflow run then links the folder."""
+    from ablate.hf.runs import finished_run
     from ablate.hf.tokenizer import run_tokenizer
-    from ablate.probes.run import finished_runs, load_model
+    from ablate.probes.run import load_model
     from ablate.store import names
-    from ablate.store.study import finished_sweep
 
-    ctx, study, client = finished_sweep(recipe, scale, stores, "export")
-    runs, left_out = finished_runs(ctx, study, client)
-    chosen = [(spec, run_id) for spec, run_id in runs if run in (spec.name, run_id)]
-    if not chosen:
-        known = ", ".join(spec.name for spec, _ in runs) or "none"
-        raise UserError(
-            f"--run: no finished run {run!r} in study {ctx.study_name!r}; finished runs: {known}"
-            + (f" (left out: {'; '.join(left_out)})" if left_out else "")
-        )
-    spec, run_id = chosen[0]
+    spec, run_id, client = finished_run(recipe, stores, scale, run, "export")
     try:
         model = load_model(spec, stores.workspace, checkpoint)
     except FileNotFoundError as e:

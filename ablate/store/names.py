@@ -75,6 +75,10 @@ DIFFERENCES_NO_INTERVAL = PREFIX + "differences.no_interval"
 # The run's transformers export (ablate.hf.export): the folder, and the class it loads as.
 HF_EXPORT = PREFIX + "export"
 HF_EXPORT_CLASS = PREFIX + "export.class"
+# Downstream tasks (ablate.hf.downstream): `ablate.downstream` holds the key of the settings scored,
+# `ablate.downstream.settings` the settings.
+DOWNSTREAM = PREFIX + "downstream"
+DOWNSTREAM_SETTINGS = PREFIX + "downstream.settings"
 
 # Probes (ablate.probes.run): `ablate.probe.<probe>` holds the key of what was measured,
 # `ablate.probe.<probe>.settings` the settings it ran with.

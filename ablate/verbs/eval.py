@@ -1,5 +1,7 @@
 """`ablate eval`: the recipe's probes (activation outliers, low-bit logits, ...) on a sweep's finished
 checkpoints, logged to the same runs (ablate.probes.run), then the report written again with their tables.
+With `--downstream`: the paper's downstream tasks through LM Eval Harness instead (ablate.hf.downstream),
+logged to the same runs, and the downstream table (`downstream.csv`, `downstream.md`) in the report folder.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ def evaluate(
     probes: list[str] | None = None,
     checkpoint: Literal["best", "last"] | None = None,
     tokens: int | None = None,
+    downstream: bool = False,
+    tasks: list[str] | None = None,
+    task_folder: str | None = None,
+    num_fewshot: int = 0,
+    limit: int | None = None,
     *,
     overrides: list | None = None,
     **options: Any,
@@ -33,9 +40,27 @@ def evaluate(
         probes: probes to run (default: the recipe's eval.probes)
         checkpoint: which checkpoint of each run (default: the recipe's eval.checkpoint)
         tokens: held-out tokens each probe reads (default: the recipe's eval.tokens, the paper's 0.4M)
+        downstream: score LM Eval Harness tasks instead of the probes (needs ablate[eval]; offline)
+        tasks: downstream tasks (default: the paper's Table 1: arc_challenge, arc_easy, boolq, hellaswag,
+            openbookqa, piqa, winogrande)
+        task_folder: a folder of harness task YAML files with local data (TaskManager's include_path)
+        num_fewshot: examples in each prompt (0: zero-shot; Table 8: 5)
+        limit: documents per task (default: all)
     """
     opts = Shared(**options)
     loaded = load(recipe, overrides, opts.scale)
+    if downstream or tasks:
+        from ablate.hf.downstream import TABLE1, DownstreamSettings
+
+        settings = DownstreamSettings(
+            tasks=tuple(tasks or TABLE1),
+            num_fewshot=_count("num_fewshot", num_fewshot, 0),
+            task_folder=task_folder,
+            limit=None if limit is None else _count("limit", limit, 1),
+            checkpoint=checkpoint or "best",
+        )
+        run_downstream(loaded, opts.stores, settings, scale=loaded.scale, reports=Path(opts.reports))
+        return 0
     scale = loaded.scale
     config = loaded.eval(
         scale
@@ -111,3 +136,51 @@ def run_eval(
     for line in summary.left_out:
         print(f"[eval] left out: {line}", flush=True)
     return summary
+
+
+def _count(name: str, value: int, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise UserError(f"--{name}: expected a whole number >= {least}, got {value!r}")
+    return value
+
+
+def run_downstream(recipe: Recipe, stores: Stores, settings: Any, *, scale: str, reports: Path) -> Path:
+    """Score every finished run of the study on the downstream tasks (each run once per settings), log them
+    to the runs, and write the downstream table; returns its CSV."""
+    try:
+        from ablate.hf import downstream as ds
+    except ImportError as e:
+        raise UserError(
+            f"eval: --downstream needs the eval extra ({e.name} is missing): pip install 'ablate[eval]'"
+        ) from None
+    from ablate.hf.downstream_table import table_rows, write_table
+    from ablate.hf.runs import ablate_tokenizer
+    from ablate.probes.run import finished_runs, load_model
+    from ablate.store.study import finished_sweep, report_folder
+
+    ctx, study, client = finished_sweep(recipe, scale, stores, "eval")
+    runs, left_out = finished_runs(ctx, study, client)
+    if not runs:
+        raise UserError(f"eval: no finished runs in study {ctx.study_name!r}; finish the sweep first")
+    manager = ds.load_tasks(settings)  # every task's data checked before any run is scored
+    scored = []
+    for run, run_id in runs:
+        scores = ds.logged_scores(client, run_id, settings)
+        if scores is None:
+            try:
+                model = load_model(run, stores.workspace, settings.checkpoint)
+            except FileNotFoundError as e:
+                left_out.append(f"{run.name}: {e}")
+                continue
+            tok = ablate_tokenizer(run.data, stores.workspace)
+            scores = ds.score(model, tok, run.train.seq_len, manager, settings)
+            ds.log_scores(client, run_id, run, scores, settings)
+            print(f"[eval] {run.name}: scored {', '.join(settings.tasks)}", flush=True)
+        scored.append((run, scores))
+    order = [v for v in recipe.variants if any(run.variant == v for run, _ in scored)]
+    labels = {run.variant: run.label for run, _ in scored}
+    csv_path, md_path = write_table(table_rows(scored, order, labels), report_folder(ctx, reports), settings)
+    print(f"[eval] {csv_path}\n\n{md_path.read_text()}", flush=True)
+    for line in left_out:
+        print(f"[eval] left out: {line}", flush=True)
+    return csv_path

@@ -1,0 +1,169 @@
+"""The downstream table: each task's accuracy and bits per byte per row (mean over seeds with its interval),
+each row's paired difference from the reference row (the recipe's first variant) over seeds, and Holm's
+correction across tasks (one family per metric: every task x row comparison), with the same statistics as
+the loss table (ablate.report.stats). Written as `downstream.csv` and `downstream.md` in the report folder.
+
+Chance, said: an accuracy whose mean lies within the interval of chance (chance ± 1.96 sqrt(c (1 - c) / N),
+N the documents scored over all seeds, c the mean of 1 / choices) is marked `within_chance`; a comparison of
+two rows both within chance ranks nothing, so it leaves Holm's family (`holm_survives` = "chance"), and the
+page says so. Bits per byte has no chance level and still orders the rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+from ablate.report import stats
+
+COLUMNS = (
+    "task", "metric", "variant", "label", "seeds", "mean", "lo", "hi", "chance", "within_chance",
+    "diff_vs_first", "diff_lo", "diff_hi", "p_value", "holm_survives",
+)  # fmt: skip
+METRICS = ("acc", "acc_norm", "bpb")
+ACCURACIES = ("acc", "acc_norm")
+
+
+def table_rows(scored: list[tuple[Any, dict]], order: list[str], labels: dict[str, str]) -> list[dict]:
+    """The table's rows from (RunSpec, {task: {metric: value}}) pairs; `order` is the variants' order."""
+    by = {}  # (task, metric, variant) -> {seed: value}
+    docs, chance = {}, {}
+    for run, scores in scored:
+        for task, values in scores.items():
+            for metric in METRICS:
+                by.setdefault((task, metric, run.variant), {})[run.seed] = float(values.get(metric, math.nan))
+            docs[(task, run.variant)] = docs.get((task, run.variant), 0) + int(values.get("documents", 0))
+            chance[task] = float(values.get("chance", math.nan))
+    tasks = list(dict.fromkeys(task for _, scores in scored for task in scores))
+    rows = []
+    for task in tasks:
+        for metric in METRICS:
+            reference = by.get((task, metric, order[0]), {})
+            for variant in order:
+                values = by.get((task, metric, variant))
+                if values is None:
+                    continue
+                bounded = metric in ACCURACIES
+                iv = (
+                    stats.bounded_mean_ci(values.values(), 0.0, 1.0)
+                    if bounded
+                    else stats.mean_ci(values.values())
+                )
+                diff = stats.paired_difference(values, reference) if variant != order[0] else None
+                c = chance.get(task, math.nan) if bounded else math.nan
+                rows.append(
+                    {
+                        "task": task, "metric": metric, "variant": variant, "label": labels.get(variant, variant),
+                        "seeds": iv.n, "mean": iv.mean, "lo": iv.lo, "hi": iv.hi, "chance": c,
+                        "within_chance": _within_chance(iv.mean, c, docs.get((task, variant), 0)) if bounded else "",
+                        **stats.diff_columns(diff),
+                    }
+                )  # fmt: skip
+    _holm_per_metric(rows, order[0])
+    return rows
+
+
+def _within_chance(mean: float, chance: float, documents: int) -> str:
+    if not (math.isfinite(mean) and math.isfinite(chance)) or documents < 1:
+        return ""
+    half = 1.96 * math.sqrt(chance * (1 - chance) / documents)
+    return "true" if abs(mean - chance) <= half else "false"
+
+
+def _holm_per_metric(rows: list[dict], reference: str) -> None:
+    """Holm across tasks, one family per metric; comparisons of two rows within chance leave the family."""
+    ref = {(r["task"], r["metric"]): r for r in rows if r["variant"] == reference}
+    for metric in METRICS:
+        family = []
+        for r in rows:
+            if r["metric"] != metric or r["variant"] == reference:
+                continue
+            both = (
+                r["within_chance"] == "true"
+                and ref.get((r["task"], metric), {}).get("within_chance") == "true"
+            )
+            if both:
+                r["holm_survives"] = "chance"
+            else:
+                family.append(r)
+        stats.mark_holm(family, "diff_lo", "diff_hi")
+    for r in rows:
+        r.setdefault("holm_survives", "")
+
+
+def write_table(rows: list[dict], folder: Path, settings: Any) -> tuple[Path, Path]:
+    """`downstream.csv` and `downstream.md` in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    csv_path, md_path = folder / "downstream.csv", folder / "downstream.md"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows({k: _cell(r.get(k, "")) for k in COLUMNS} for r in rows)
+    md_path.write_text(_markdown(rows, settings))
+    return csv_path, md_path
+
+
+def _cell(value: Any) -> Any:
+    return "" if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _markdown(rows: list[dict], settings: Any) -> str:
+    shots = f"{settings.num_fewshot}-shot"
+    lines = [
+        f"# Downstream tasks ({shots}, LM Eval Harness)",
+        "",
+        "Each row's mean over seeds with its 95% interval; beside it the paired difference from the first row "
+        "over seeds and whether it survives Holm's correction across tasks (one family per metric). "
+        "bpb: the gold answer's bits per byte (lower is better).",
+        "",
+        "| task | metric | row | seeds | mean [95% CI] | chance | difference vs first | Holm |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        iv = stats.Interval(r["mean"], r["lo"], r["hi"], r["seeds"])
+        diff = "" if not math.isfinite(r["diff_vs_first"]) else (
+            f"{stats.format_number(r['diff_vs_first'], sign=True)} "
+            f"[{stats.format_number(r['diff_lo'])}, {stats.format_number(r['diff_hi'])}] {stats.format_p(r['p_value'])}"
+        )  # fmt: skip
+        chance = "" if not math.isfinite(r["chance"]) else (
+            f"{r['chance']:.3f}" + (" (within)" if r["within_chance"] == "true" else "")
+        )  # fmt: skip
+        lines.append(
+            f"| {r['task']} | {r['metric']} | {r['label']} | {r['seeds']} | {stats.format_ci(iv)} | {chance} "
+            f"| {diff} | {r['holm_survives']} |"
+        )
+    lines += ["", *_chance_note(rows), *_bpb_order(rows)]
+    return "\n".join(lines) + "\n"
+
+
+def _chance_note(rows: list[dict]) -> list[str]:
+    accs = [r for r in rows if r["metric"] in ACCURACIES]
+    inside = [r for r in accs if r["within_chance"] == "true"]
+    if not accs or not inside:
+        return []
+    if len(inside) == len(accs):
+        return [
+            "Every accuracy here is within its interval of chance: the accuracies rank nothing (their "
+            "comparisons are left out of Holm's family). Bits per byte still orders the rows.",
+            "",
+        ]
+    return [
+        f"{len(inside)} of {len(accs)} accuracies are within their interval of chance; a comparison of two "
+        "rows both within chance ranks nothing and is left out of Holm's family.",
+        "",
+    ]
+
+
+def _bpb_order(rows: list[dict]) -> list[str]:
+    """The rows ordered by their bits per byte, averaged over tasks (lower first)."""
+    per = {}
+    for r in rows:
+        if r["metric"] == "bpb" and math.isfinite(r["mean"]):
+            per.setdefault(r["label"], []).append(r["mean"])
+    if not per:
+        return []
+    ordered = sorted(per, key=lambda label: sum(per[label]) / len(per[label]))
+    text = ", ".join(f"{label} {sum(per[label]) / len(per[label]):.3f}" for label in ordered)
+    return [f"Rows by bits per byte of the gold answers, mean over tasks (lower first): {text}.", ""]

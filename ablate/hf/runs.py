@@ -1,0 +1,57 @@
+"""A study's finished run found by name (`diff-s0`, a budget branch's name) or MLflow run id, and its
+tokenizer as ablate encodes with it: what `ablate export`, `ablate eval --downstream` and the harness's
+command line read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ablate.core.errors import UserError
+from ablate.core.workspace import Workspace
+
+
+def finished_run(recipe: Any, stores: Any, scale: str, run: str, verb: str) -> tuple[Any, str, Any]:
+    """(RunSpec, MLflow run id, MLflow client) of the finished run `run` of `recipe`'s sweep at `scale`."""
+    from ablate.probes.run import finished_runs
+    from ablate.store.study import finished_sweep
+
+    ctx, study, client = finished_sweep(recipe, scale, stores, verb)
+    runs, left_out = finished_runs(ctx, study, client)
+    chosen = [(spec, run_id) for spec, run_id in runs if run in (spec.name, run_id)]
+    if not chosen:
+        known = ", ".join(spec.name for spec, _ in runs) or "none"
+        raise UserError(
+            f"--run: no finished run {run!r} in study {ctx.study_name!r}; finished runs: {known}"
+            + (f" (left out: {'; '.join(left_out)})" if left_out else "")
+        )
+    return chosen[0][0], chosen[0][1], client
+
+
+def ablate_tokenizer(data: Any, workspace: Workspace) -> Any:
+    """The run's tokenizer as ablate's data pipeline built it (encode, decode, eos_id)."""
+    from ablate.data.config import parse_data_config
+    from ablate.data.corpus import open_text_corpus
+    from ablate.data.shards import is_shard_folder
+    from ablate.data.tokenizers import EOS_CANDIDATES, get_tokenizer, parse_tokenizer_spec
+
+    cfg = parse_data_config(data)
+    folder = Path(cfg.source).expanduser()
+    if is_shard_folder(folder):
+        if (folder / "tokenizer.json").is_file():
+            from tokenizers import Tokenizer
+
+            file = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            eos = next((c for c in EOS_CANDIDATES if file.token_to_id(c) is not None), None)
+            return get_tokenizer({"name": "hf", "path": str(folder / "tokenizer.json"), "eos": eos})
+        return get_tokenizer(cfg.tokenizer or "byte")
+    spec = parse_tokenizer_spec(cfg.tokenizer or "byte")
+    if spec["name"] != "bpe":
+        return get_tokenizer(spec)
+    corpus = open_text_corpus(cfg)
+    return get_tokenizer(
+        spec,
+        workspace=workspace,
+        fingerprint=corpus.fingerprint,
+        train_documents=lambda: corpus.documents("train"),
+    )
