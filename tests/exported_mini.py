@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 FIXTURE = Path(__file__).resolve().parent / "e2e" / "exported-mini"
@@ -34,6 +35,21 @@ def edit_meta(folder: Path, edit) -> None:
     edit(meta)
     schema = table.schema.with_metadata({**table.schema.metadata, META_KEY: json.dumps(meta).encode()})
     pq.write_table(table.cast(schema), folder / "runs.parquet")
+
+
+def edit_runs(folder: Path, edit) -> None:
+    """Rewrite runs.parquet with its rows (each run's columns: JSON text) changed by `edit(rows)`, its
+    study kept."""
+    table = pq.read_table(folder / "runs.parquet")
+    rows = table.to_pylist()
+    edit(rows)
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), folder / "runs.parquet")
+
+
+def edit_column(rows: list[dict], column: str, key: str, value) -> None:
+    """Set `key` to `value` in the JSON column `column` (tags, params, metrics, artifacts) of every row."""
+    for row in rows:
+        row[column] = json.dumps({**json.loads(row[column]), key: value})
 
 
 def one_line(proc: subprocess.CompletedProcess, *fragments: str) -> None:

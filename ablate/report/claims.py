@@ -21,11 +21,11 @@ as nan and `held` says `unknown`. The budget reports' extrapolated gaps have the
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 from typing import Any
 
+from ablate.core import fields
 from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table
 
@@ -37,8 +37,7 @@ SEARCHED_LR = "base.train.lr"
 
 def read_claims(path: Path) -> list[dict[str, Any]]:
     """The claims of `path`, their bounds as numbers; one line naming the row and column if malformed."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = fields.csv_rows(path, FILE, hint="the claims written down before the runs: fix the file")
     claims = []
     for i, row in enumerate(rows, start=2):  # line 1 is the header
         if row.get("quantity") not in QUANTITIES:

@@ -24,12 +24,12 @@ change made the difference.
 
 from __future__ import annotations
 
-import csv
 import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from ablate.core import fields
 from ablate.core.errors import UserError
 from ablate.data.passes import EARLIER_SAMPLING, read_twice, sampling_of
 from ablate.report.stats import paired_difference
@@ -51,8 +51,10 @@ def _number(value: Any) -> float:
 
 
 def _read(path: Path) -> list[dict[str, str]]:
-    with path.open(encoding="utf-8", newline="") as f:
-        return list(csv.DictReader(f))
+    """A compared folder's CSV file, read as data (ablate.core.fields: one line if it is not one)."""
+    return fields.csv_rows(
+        path, "--compare-with", hint="give a report folder `ablate report` or `ablate fit` wrote"
+    )
 
 
 def runs_of(folder: str | Path, client: Any = None) -> list[dict[str, Any]]:

@@ -193,7 +193,9 @@ def kept_text(readme: Path, generated: str) -> str:
     if not readme.exists():
         return ""
     hint = "what a person wrote below its generated part is kept when a report is written again: fix its text"
-    return hand_written(text_file(readme, "README.md", hint), generated)
+    copy = readme.parent.name  # `.NAME.writing-PID` (`writing`): the message names the folder's own README
+    shown = readme.parent.parent / copy[1 : copy.rindex(WRITING)] / readme.name if WRITING in copy else readme
+    return hand_written(text_file(readme, "README.md", hint, shown), generated)
 
 
 def _heading(line: str) -> bool:

@@ -16,12 +16,12 @@ checkout. It says what differs, not which change made the difference.
 
 from __future__ import annotations
 
-import csv
 import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from ablate.core import fields
 from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table, si
 from ablate.report.fit import ratio_cell
@@ -37,21 +37,12 @@ QUANTITY_WORDS = {"params": "parameters", "tokens": "tokens"}
 def read_grid_folder(folder: str | Path) -> dict[str, list[dict[str, str]]]:
     """The earlier grid's ratios.csv and points.csv rows; a folder without them is one line."""
     folder = Path(folder)
+    hint = "give a folder `ablate fit --form grid` wrote, e.g. reports/scaling-cpu/"
     out = {}
     for name, columns in NEEDED.items():
-        try:
-            with (folder / name).open(encoding="utf-8", newline="") as f:
-                rows = list(csv.DictReader(f))
-        except OSError as e:
-            raise UserError(
-                f"--compare-with: cannot read {str(folder / name)!r} ({e.strerror or e}); give a folder "
-                "`ablate fit --form grid` wrote, e.g. reports/scaling-cpu/"
-            ) from None
-        if not rows or not columns <= set(rows[0]):
-            raise UserError(
-                f"--compare-with: {str(folder / name)!r} is not a grid fit's {name} (columns "
-                f"{', '.join(sorted(columns))} needed)"
-            )
+        rows = fields.csv_rows(folder / name, "--compare-with", columns, hint)  # text, read as data
+        if not rows:
+            raise UserError(f"--compare-with: {str(folder / name)!r} holds no rows; {hint}")
         out[name] = rows
     return out
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ablate.core import fields
 from ablate.fitting.forms import EXPONENT_BOUNDS, LOGCOEF_BOUNDS
 from ablate.fitting.gap import fitted_gap
 from ablate.fitting.optimize import fit_theta, single_blas_thread
@@ -51,14 +52,19 @@ def read_losses(path: Path) -> tuple[list[str], dict[str, str], dict[str, dict[i
     order: list[str] = []
     labels: dict[str, str] = {}
     losses: dict[str, dict[int, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            if row["state"] != "finished" or not math.isfinite(float(row["valid"])):
-                continue
-            if row["variant"] not in order:
-                order.append(row["variant"])
-            labels[row["variant"]] = row["label"]
-            losses[row["variant"]][int(row["seed"])][int(row["tokens"])] = float(row["valid"])
+    columns = {"state", "valid", "variant", "label", "seed", "tokens"}
+    for line, row in enumerate(fields.csv_rows(path, "budgets_csv", columns), start=2):  # 1: the header
+        where = f"budgets_csv: {str(path)!r} line {line}"
+        valid = fields.field(where, "valid", row["valid"], fields.NUMBER_TEXT)
+        if row["state"] != "finished" or not math.isfinite(valid):
+            continue
+        if row["variant"] not in order:
+            order.append(row["variant"])
+        labels[row["variant"]] = row["label"]
+        seed = fields.field(where, "seed", row["seed"], fields.INTEGER_TEXT)
+        losses[row["variant"]][seed][fields.field(where, "tokens", row["tokens"], fields.INTEGER_TEXT)] = (
+            valid
+        )
     return order, labels, losses
 
 
@@ -117,8 +123,18 @@ def write_predictions(rows: list[dict[str, Any]], path: Path) -> Path:
 
 
 def read_predictions(path: Path) -> list[dict[str, Any]]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    """The predictions written before the runs (`main`'s file), each cell read as its kind: one line
+    naming the file, the line and the column where one is not."""
+    kinds = {
+        "tokens": fields.INTEGER_TEXT,
+        "predicted_lo": fields.NUMBER_TEXT,
+        "predicted_hi": fields.NUMBER_TEXT,
+    }
+    rows = fields.csv_rows(path, "predictions.csv", {"variant", "label", "predicted_gap", *kinds})
+    for line, row in enumerate(rows, start=2):
+        for column, kind in kinds.items():
+            fields.field(f"predictions.csv: {str(path)!r} line {line}", column, row[column], kind)
+    return rows
 
 
 def against_measured(predictions: list[dict[str, Any]], gaps: list[dict[str, Any]]) -> list[dict[str, Any]]:

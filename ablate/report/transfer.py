@@ -19,7 +19,6 @@ MLflow, no torch.
 
 from __future__ import annotations
 
-import csv
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ablate.core import fields
 from ablate.core.errors import UserError
 from ablate.core.tables import markdown_table
 from ablate.report.checks import lr_sensitivity
@@ -112,23 +112,19 @@ def own_choices(
 def compared_choices(path: str | Path, label: str) -> list[Choice]:
     """The best lr per (row, size) of an earlier grid's `lr_sensitivity.csv`, in the CSV's order."""
     path = Path(path)
-    try:
-        with path.open(encoding="utf-8", newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError as e:
-        raise UserError(f"compare_with.path: cannot read {str(path)!r} ({e.strerror or e})") from None
-    need = {"variant", "size", LR, "valid_mean"}
-    if not rows or not need <= set(rows[0]):
-        raise UserError(
-            f"compare_with.path: {str(path)!r} is not a sized lr grid's lr_sensitivity.csv (columns "
-            f"{', '.join(sorted(need))} needed)"
-        )
+    hint = "give a sized lr grid's lr_sensitivity.csv"
+    rows = fields.csv_rows(path, "compare_with.path", {"variant", "size", LR, "valid_mean"}, hint)
+    if not rows:
+        raise UserError(f"compare_with.path: {str(path)!r} holds no rows; {hint}")
     grid: dict[tuple[str, str], dict[float, tuple[float, int]]] = defaultdict(dict)
     labels: dict[str, str] = {}
-    for row in rows:
-        value = float(row["valid_mean"])
+    for line, row in enumerate(rows, start=2):  # line 1 is the header
+        where = f"compare_with.path: {str(path)!r} line {line}"
+        value = fields.field(where, "valid_mean", row["valid_mean"], fields.NUMBER_TEXT, hint)
+        lr = fields.field(where, LR, row[LR], fields.NUMBER_TEXT, hint)
         if math.isfinite(value):
-            grid[(row["variant"], row["size"])][float(row[LR])] = (value, int(row.get("seeds") or 0))
+            seeds = fields.field(where, "seeds", row.get("seeds") or "0", fields.INTEGER_TEXT, hint)
+            grid[(row["variant"], row["size"])][lr] = (value, seeds)
             labels[row["variant"]] = row.get("label") or row["variant"]
     lrs = sorted({float(row[LR]) for row in rows})
     out = []

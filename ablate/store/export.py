@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ablate.core import fields
 from ablate.core.errors import UserError
 from ablate.store import names
 from ablate.store.commands import portable_command
@@ -328,6 +329,11 @@ def check_study(meta: dict[str, Any], where: Path) -> None:
         raise bad("study", f"is {meta.get('study')!r}, not a name")
     if not isinstance(meta.get("user_attrs"), dict):
         raise bad("user_attrs", f"is {type(meta.get('user_attrs')).__name__}, not a mapping")
+    for name in (names.PARENT_RUN_ATTR, "command"):
+        if name in meta["user_attrs"]:
+            fields.field(
+                f"--from: {where}", f"user_attrs.{name}", meta["user_attrs"][name], fields.TEXT, RESTORE
+            )
     trials = meta.get("trials")
     if not isinstance(trials, list):
         raise bad("trials", f"is {type(trials).__name__}, not a list")
@@ -354,6 +360,7 @@ def check_study(meta: dict[str, Any], where: Path) -> None:
         for field in ("params", "distributions", "user_attrs"):
             if not isinstance(t.get(field), dict):
                 raise bad(f"{key}.{field}", f"is {type(t.get(field)).__name__}, not a mapping")
+        _check_trial_attrs(t["user_attrs"], f"--from: {where}", f"{key}.user_attrs.")
         if set(t["params"]) != set(t["distributions"]):
             missing = sorted(set(t["params"]) ^ set(t["distributions"]))
             raise bad(f"{key}.distributions", f"does not match its params (differ in {missing})")
@@ -425,6 +432,7 @@ class ExportedRuns:
         self._runs = {r.get("run_id"): r for r in runs if isinstance(r, dict)}
         _check_runs(runs, Path(folder) / RUNS_FILE)
         self._series: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        _check_metric_columns(Path(folder) / METRICS_FILE)
         columns = _parquet(Path(folder) / METRICS_FILE, pq.read_table).to_pydict()
         for run_id, key, step, value in zip(
             columns["run_id"], columns["key"], columns["step"], columns["value"], strict=True
@@ -464,8 +472,51 @@ class ExportedRuns:
         return str(out)
 
 
+# The fields of an export a report reads as more than text, each with its kind (ablate.core.fields): a
+# trial's attributes, a run's tags and params, its JSON artifacts. A field not listed is read as text
+# (tags, params) or as a number (metrics); a listed one that is absent is read as absent, as before.
+TRIAL_ATTRS = {"plan": fields.JSON_OBJECT, "mlflow_run_id": fields.TEXT, "failure_reason": fields.TEXT}
+PLAN = {"variant": fields.TEXT, "size": fields.TEXT, "seed": fields.INTEGER}
+TAGS = {
+    **dict.fromkeys(
+        (names.TOKENS, names.SEED, names.PARAMS, names.NON_EMBEDDING_PARAMS, names.HEADS, names.HEAD_WIDTH,
+         names.TRIAL, names.BUDGET_STEPS, names.BUDGET_TOKENS, names.BRANCH_STEP, names.CONTINUED_STEP),
+        fields.INTEGER_TEXT,
+    ),
+    **dict.fromkeys(
+        (names.TRAIN_SPLIT_TOKENS, names.PASSES, names.FWD_FLOPS_PER_TOKEN, names.FIT_PREDICTED_GAIN),
+        fields.NUMBER_TEXT,
+    ),
+}  # fmt: skip
+PARAMS = {
+    **dict.fromkeys(("train.lr", "train.cooldown_fraction"), fields.NUMBER_TEXT),
+    **dict.fromkeys(("train.warmup_steps", "train.batch_tokens", "train.steps"), fields.INTEGER_TEXT),
+}
+JSON_ARTIFACTS = ("data.json", "final_metrics.json")
+METRIC_COLUMNS = {"run_id": "string", "key": "string", "step": "integer", "value": "floating"}
+
+
+def _check_trial_attrs(attrs: dict[str, Any], where: str, prefix: str) -> None:
+    """A trial's attributes a report reads (`TRIAL_ATTRS`, the plan's own fields `PLAN`), each its kind."""
+    for name, kind in TRIAL_ATTRS.items():
+        if attrs.get(name) is not None:
+            fields.field(where, prefix + name, attrs[name], kind, RESTORE)
+    plan = fields.field(where, prefix + "plan", attrs.get("plan") or "{}", fields.JSON_OBJECT, RESTORE)
+    for name, kind in PLAN.items():
+        if name in plan:
+            fields.field(where, f"{prefix}plan.{name}", plan[name], kind, RESTORE)
+    for name, value in attrs.items():
+        if name.startswith("budget_run:"):
+            fields.field(where, prefix + name, value, fields.TEXT, RESTORE)
+
+
 def _check_runs(runs: list[Any], where: Path) -> None:
-    """Each row of runs.parquet: a run id, a status, and its JSON columns each a mapping."""
+    """Each row of runs.parquet, every field a report reads through its kind (ablate.core.fields): a run
+    id, a status, its JSON columns each a mapping; tags and params text, the listed ones (`TAGS`,
+    `PARAMS`) numbers as text; metrics numbers; artifacts text, the JSON ones objects, the recipe YAML."""
+    import yaml
+
+    from ablate.core.config import YamlTooLarge, load_yaml
 
     def bad(what: str) -> UserError:
         return UserError(f"--from: {where}: {what}; {RESTORE}")
@@ -477,10 +528,43 @@ def _check_runs(runs: list[Any], where: Path) -> None:
             raise bad(f"row {i} has no run_id")
         if not isinstance(row.get("status"), str):
             raise bad(f"run {row['run_id']} has no status")
+        run = f"--from: {where}: run {row['run_id']}"
+        columns = {}
         for column in ("tags", "params", "metrics", "artifacts"):
             try:
-                value = json.loads(row.get(column))
-            except (TypeError, ValueError):
-                value = None
-            if not isinstance(value, dict):
+                columns[column] = json.loads(row.get(column))
+            except (TypeError, ValueError, RecursionError):
+                columns[column] = None
+            if not isinstance(columns[column], dict):
                 raise bad(f"run {row['run_id']}'s {column} is not a JSON mapping")
+        typed = {"tags": (TAGS, fields.TEXT), "params": (PARAMS, fields.TEXT), "metrics": ({}, fields.NUMBER)}
+        typed["artifacts"] = ({}, fields.TEXT)
+        for column, (kinds, kind) in typed.items():
+            for name, value in columns[column].items():
+                fields.field(run, f"{column}.{name}", value, kinds.get(name, kind), RESTORE)
+        artifacts = columns["artifacts"]
+        for name in JSON_ARTIFACTS:
+            if name in artifacts:
+                fields.field(run, f"artifacts.{name}", artifacts[name], fields.JSON_OBJECT, RESTORE)
+        if "resolved_recipe.yaml" in artifacts:
+            try:
+                recipe = load_yaml(artifacts["resolved_recipe.yaml"])
+            except (YamlTooLarge, yaml.YAMLError):
+                recipe = None
+            if not isinstance(recipe, dict):
+                raise bad(f"run {row['run_id']}'s artifacts.resolved_recipe.yaml is not a YAML mapping")
+
+
+def _check_metric_columns(path: Path) -> None:
+    """metrics.parquet's columns (`METRIC_COLUMNS`) are there, each of its kind, before it is read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = _parquet(path, pq.read_schema)
+    for name, kind in METRIC_COLUMNS.items():
+        if name not in schema.names:
+            raise UserError(f"--from: {path} has no column {name!r} ({kind}); {RESTORE}")
+        column = schema.field(name).type
+        column = column.value_type if pa.types.is_dictionary(column) else column
+        if not getattr(pa.types, f"is_{kind}")(column):
+            raise UserError(f"--from: {path}: column {name!r} holds {column}, not {kind} values; {RESTORE}")

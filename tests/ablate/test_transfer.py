@@ -111,8 +111,15 @@ def test_a_compared_file_that_is_no_lr_grid_is_one_line(tmp_path):
     bad = tmp_path / "table.csv"
     bad.write_text("variant,size,valid\nt,s64,3.0\n")
     with pytest.raises(
-        UserError, match=r"^compare_with.path: .* is not a sized lr grid's lr_sensitivity.csv"
+        UserError,
+        match=r"^compare_with.path: .* has no column base.train.lr, valid_mean; give a sized lr grid's",
     ):
         lr.compared_choices(bad, "standard")
     with pytest.raises(UserError, match=r"^compare_with.path: cannot read"):
         lr.compared_choices(tmp_path / "absent.csv", "standard")
+    bad.write_bytes(b"variant,size,base.train.lr,valid_mean\n\xff\xfe,s64,0.001,3.0\n")
+    with pytest.raises(UserError, match=r"^compare_with.path: .* is not UTF-8 text \(byte 38\)"):
+        lr.compared_choices(bad, "standard")
+    bad.write_text("variant,size,base.train.lr,valid_mean\nt,s64,fast,3.0\n")
+    with pytest.raises(UserError, match=r"line 2: base.train.lr is 'fast', not a number \(as text\)"):
+        lr.compared_choices(bad, "standard")

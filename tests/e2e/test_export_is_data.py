@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from exported_mini import FIXTURE, copy_export, edit_meta, files_under, one_line
+from exported_mini import FIXTURE, copy_export, edit_column, edit_meta, edit_runs, files_under, one_line
 from mini_project import run_cli, run_cli_here
 
 
@@ -181,3 +181,103 @@ def test_while_an_export_is_read_no_module_path_is_resolved_whatever_names_it(tm
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("payload_never", None)
+
+
+def _plan(meta: dict, plan) -> None:
+    for trial in meta["trials"]:
+        trial["user_attrs"]["plan"] = plan
+
+
+def _without_values(folder: Path) -> None:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(folder / "metrics.parquet")
+    pq.write_table(table.drop(["value"]), folder / "metrics.parquet")
+
+
+CRAFTED_FIELDS = {  # each field of an export a report reads, crafted: (edit of the folder, the line's words)
+    "plan-not-json": (
+        lambda f: edit_meta(f, lambda m: _plan(m, "{seed: 0")),
+        "trials[0].user_attrs.plan is '{seed: 0', not a JSON object",
+    ),
+    "plan-a-list": (lambda f: edit_meta(f, lambda m: _plan(m, "[0, 1]")), "user_attrs.plan is '[0, 1]'"),
+    "plan-a-number": (lambda f: edit_meta(f, lambda m: _plan(m, "7")), "user_attrs.plan is '7', not a JSON"),
+    "plan-seed-text": (
+        lambda f: edit_meta(f, lambda m: _plan(m, '{"seed": "zero"}')),
+        "user_attrs.plan.seed is 'zero', not an integer",
+    ),
+    "tokens-lots": (
+        lambda f: edit_runs(f, lambda rows: edit_column(rows, "tags", "ablate.tokens", "lots")),
+        "tags.ablate.tokens is 'lots', not an integer (as text)",
+    ),
+    "data-json-not-json": (
+        lambda f: edit_runs(f, lambda rows: edit_column(rows, "artifacts", "data.json", "{vocab")),
+        "artifacts.data.json is '{vocab', not a JSON object",
+    ),
+    "data-json-a-list": (
+        lambda f: edit_runs(f, lambda rows: edit_column(rows, "artifacts", "data.json", "[]")),
+        "artifacts.data.json is '[]', not a JSON object",
+    ),
+    "metric-text": (
+        lambda f: edit_runs(f, lambda rows: edit_column(rows, "metrics", "val/loss", "low")),
+        "metrics.val/loss is 'low', not a number",
+    ),
+    "lr-a-list": (
+        lambda f: edit_runs(f, lambda rows: edit_column(rows, "params", "train.lr", [0.1])),
+        "params.train.lr is [0.1], not a number (as text)",
+    ),
+    "metrics-without-values": (_without_values, "metrics.parquet has no column 'value'"),
+    "readme-not-utf8": (
+        lambda f: (f / "README.md").write_bytes(b"# How this report was made\n\xff\xfe notes\n"),
+        "README.md: '",
+    ),
+}
+
+
+@pytest.mark.parametrize("edit, fragment", CRAFTED_FIELDS.values(), ids=CRAFTED_FIELDS.keys())
+def test_every_field_of_an_export_is_read_through_its_kind(tmp_path, edit, fragment):
+    """One line naming the file and the field, exit 2; nothing in the checkout written or lost."""
+    folder = copy_export(tmp_path)
+    edit(folder)
+    before = files_under(tmp_path)
+    proc = run_cli_here("report", "--from", "reports/mini/", cwd=tmp_path)
+    one_line(proc, fragment)
+    assert "runs.parquet" in proc.stderr or "metrics.parquet" in proc.stderr or "README.md" in proc.stderr
+    assert files_under(tmp_path) == before
+
+
+def test_a_readme_that_is_not_utf8_is_named_where_it_lies(tmp_path):
+    folder = copy_export(tmp_path)
+    (folder / "README.md").write_bytes(b"# How this report was made\n\xff notes\n")
+    before = files_under(tmp_path)
+    proc = run_cli_here("report", "--from", "reports/mini/", cwd=tmp_path)
+    one_line(proc, f"{folder / 'README.md'}' is not UTF-8 text (byte 27)")
+    assert files_under(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "data", [bytes(range(256)) * 4, b"fit,quantity\n\x00\x01,\xc3\n"], ids=["bytes", "nul"]
+)
+def test_fit_from_with_a_compared_siblings_csv_made_of_bytes_is_one_line(tmp_path, data):
+    folder = copy_export(tmp_path)
+    other = tmp_path / "reports" / "other"
+    other.mkdir()
+    (other / "ratios.csv").write_bytes(data)
+    (other / "points.csv").write_text("arch,size,seed,params,tokens,passes,loss\n")
+    edit_meta(folder, lambda m: m["report"].update(fit={**FIT, "compare_with": "reports/other"}))
+    before = files_under(tmp_path)
+    proc = run_cli_here("fit", "--from", "reports/mini/", cwd=tmp_path)
+    one_line(proc, "--compare-with: 'reports/other/ratios.csv'")
+    assert files_under(tmp_path) == before
+
+
+def test_every_committed_export_reads_through_the_typed_reader():
+    """The kinds are those ablate writes: every export under reports/ reads back whole."""
+    from ablate.store.export import ExportedRuns, exported_study, has_export
+
+    root = FIXTURE.parents[2] / "reports"
+    folders = sorted({p.parent for p in root.rglob("runs.parquet") if has_export(p.parent)})
+    assert len(folders) >= 5
+    for folder in folders:
+        ExportedRuns(folder)
+        exported_study(folder)
