@@ -242,6 +242,18 @@ def test_every_engine_folder_is_a_layer():
             layer_of(module)
 
 
+def test_the_readme_map_names_every_folder_in_the_layers_order():
+    """README's "Where things live" lists the folders of ablate/ top to bottom as LAYERS does, and no other."""
+    section = (ROOT / "README.md").read_text().split("## Where things live", 1)[1].split("```", 2)[1]
+    named = [
+        line.split("/")[1].split()[0].removesuffix(".py")
+        for line in section.splitlines()
+        if line.startswith("ablate/")
+    ]
+    folders = {p.name for p in (ROOT / "ablate").iterdir() if (p / "__init__.py").exists()}
+    assert named == LAYERS and set(named) == folders | {"cli"}, named
+
+
 def test_no_module_is_left_at_the_top_but_the_command_line():
     """The house is in folders: beside the package's `__init__`, only `cli.py` sits in `ablate/`."""
     assert sorted(p.name for p in (ROOT / "ablate").glob("*.py")) == ["__init__.py", "cli.py"]
