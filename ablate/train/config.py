@@ -57,7 +57,7 @@ class TrainConfig:
         val_batches: micro-batches in the fixed held-out set
         log_every: optimizer steps between logged training metrics
         compile: run the model under torch.compile: true, false, or auto (on CUDA, compiled where one timed
-            step says it is faster, ablate.train.attention_choice; elsewhere eager: on a CPU a cold
+            step says it is faster, ablate.train.choices.attention; elsewhere eager: on a CPU a cold
             compile costs more than a short run saves, benchmarks/NOTES.md)
         deterministic: ask PyTorch for deterministic kernels
         accelerator: Lightning accelerator (auto, cpu, gpu, ...)
