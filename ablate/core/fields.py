@@ -80,6 +80,14 @@ def _json_object(value: Any) -> dict[str, Any]:
     return read
 
 
+def _sha256(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError
+    if len(value) != 64 or set(value) - set("0123456789abcdef"):
+        raise ValueError
+    return value
+
+
 INTEGER = Kind("an integer", _integer)
 NATURAL = Kind("an integer of 0 or more", lambda v: _integer(v) if _integer(v) >= 0 else _fail())
 NUMBER = Kind("a number", _number)
@@ -90,6 +98,7 @@ LIST = Kind("a list", _of(list))
 INTEGER_TEXT = Kind("an integer (as text)", _integer_text)
 NUMBER_TEXT = Kind("a number (as text)", _number_text)
 JSON_OBJECT = Kind("a JSON object (as text)", _json_object)
+SHA256 = Kind("a SHA-256 (64 lowercase hex digits)", _sha256)
 
 
 def _fail() -> Any:

@@ -18,9 +18,12 @@ changed manifest is a new folder. The folder holds `documents/<archive>.jsonl` (
 The build is resumable and atomic: archives are downloaded one by one into `.<folder>.partial/downloads/`
 (a download lands there only whole and verified, so a killed build keeps every finished one); the
 documents are then extracted into a fresh folder beside it, measured, and renamed into place in one step,
-so a half-built corpus is never read. Each open checks the folder against its manifest.json (every
-document file there, at the size it was built with: no text is read), so a folder damaged or half-copied
-later is said in one line and built again. A file lock lets one process build while another waits for it,
+so a half-built corpus is never read. Each open checks the folder against its manifest.json (read through
+ablate.core.fields: a field of the wrong type is damage): every document file there, at the size it was
+built with, and of the SHA-256 the build recorded, hashed on the first open after the file was copied or
+its modification time changed (`verified.json` beside the manifest keeps each hash by the file's size,
+time, inode and device; any other open reads no text), so a folder damaged, edited or half-copied later is
+said in one line and built again. (A folder built before the documents were hashed is checked by size.) A file lock lets one process build while another waits for it,
 saying so. A write that fails (a read-only cache, a full disk) is one line.
 
 Why not a library: pip knows the machine's indexes but has no call that fetches a file without preparing
@@ -44,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ablate.core import fields, json_cache
 from ablate.core.errors import UserError
 from ablate.data.index_fetch import fetch_pinned
 
@@ -178,6 +182,12 @@ def _build_into(
             for p in packages
         },  # fmt: skip
     }
+    say(f"{name}: hashing the documents")
+    record["sha256"] = {relative: sha256_of(staging / relative) for relative in record["files"]}
+    verified = {
+        _stat_key(staging / relative, relative): digest for relative, digest in record["sha256"].items()
+    }
+    json_cache.add(staging / VERIFIED, verified)  # as hashed now: the first open reads no document again
     if measure is not None:
         say(f"{name}: {record['documents']:,} documents, {record['bytes'] / 1e6:.0f} MB; measuring")
         record.update(measure(staging))
@@ -191,28 +201,61 @@ def _build_into(
     say(f"{name}: built {folder}")
 
 
+VERIFIED = "verified.json"  # beside manifest.json: each document's hash as last checked, by its file's stat
+
+
 def damage(folder: Path, manifest: dict[str, Any]) -> str | None:
-    """What is wrong with a built corpus folder, cheaply (no file is read but manifest.json): None when it
-    is whole, else what is missing or of another size than its manifest.json records."""
+    """What is wrong with a built corpus folder: None when it is whole, else what is missing, of another
+    size than its manifest.json records, or (where the manifest records the documents' SHA-256, as every
+    build since 2026-12 does) of other bytes. A document's bytes are hashed on the first open after it
+    was copied or its modification time changed (`_verified`); every other open reads no document. The
+    manifest itself is read through ablate.core.fields: a field of the wrong type is damage too."""
+    where = f"its manifest.json ({folder / 'manifest.json'})"
     try:
-        record = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return "it has no manifest.json"
-    except (OSError, ValueError) as e:
+        record = json.loads(fields.text_file(folder / "manifest.json", "manifest.json"))
+    except UserError as e:
+        return "it has no manifest.json" if not (folder / "manifest.json").exists() else str(e)
+    except ValueError as e:
         return f"its manifest.json cannot be read: {e}"
     if not isinstance(record, dict) or record.get("manifest_sha256") != manifest_hash(manifest):
         return "its manifest.json is another corpus's"
-    sizes = record.get("files") or {f"documents/{p.stem}.jsonl": None for p in packages_of(manifest)}
+    try:
+        sizes = fields.get(where, record, "files", fields.MAPPING)
+        for relative, size in sizes.items():
+            fields.field(where, f"files.{relative}", size, fields.NATURAL)
+        hashes = fields.field(where, "sha256", record.get("sha256", {}), fields.MAPPING)
+        for relative, digest in hashes.items():
+            fields.field(where, f"sha256.{relative}", digest, fields.SHA256)
+    except UserError as e:
+        return str(e)
     for relative, size in sizes.items():
         path = folder / relative
         if not path.is_file():
             return f"{relative} is missing"
-        if size is not None and path.stat().st_size != size:
+        if path.stat().st_size != size:
             return f"{relative} holds {path.stat().st_size:,} bytes, not the {size:,} it was built with"
+        if relative in hashes and _verified(folder, relative) != hashes[relative]:
+            return f"{relative} does not hold the bytes it was built with (its SHA-256 differs)"
     extra = {f"documents/{p.name}" for p in (folder / "documents").glob("*.jsonl")} - set(sizes)
     if extra:
         return f"{sorted(extra)[0]} is not one of its documents"
     return None
+
+
+def _stat_key(path: Path, relative: str) -> str:
+    """What changes when a file is copied or written: its size, modification time, inode and device."""
+    st = path.stat()
+    return f"{relative}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|{st.st_dev}"
+
+
+def _verified(folder: Path, relative: str) -> str:
+    """The SHA-256 of the document `relative`, hashed once per state of its file (`_stat_key`) and kept in
+    the folder's `VERIFIED` (ablate.core.json_cache: a damaged or unwritable one costs a hash)."""
+    path = folder / relative
+    digest, _ = json_cache.measured_once(
+        folder / VERIFIED, _stat_key(path, relative), lambda: sha256_of(path), fields.SHA256.read
+    )
+    return digest
 
 
 @contextlib.contextmanager

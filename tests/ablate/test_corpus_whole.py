@@ -148,3 +148,114 @@ def test_a_second_builder_says_what_it_waits_for(archives, tmp_path):  # noqa: F
     assert len(note) == 1 and str(folder) in note[0] and str(work / "lock") in note[0]
     assert result == [folder] and bc.damage(folder, json.loads(manifest.read_text())) is None
     assert os.listdir(tmp_path / "cache") == [folder.name]
+
+
+def _same_size_change(document: Path) -> None:
+    """One byte of a document's text changed in place, its size kept (a record's text, not its JSON)."""
+    data = bytearray(document.read_bytes())
+    at = data.index(b'"text": "') + len(b'"text": "')
+    data[at] = ord("Q") if data[at] != ord("Q") else ord("R")
+    document.write_bytes(bytes(data))
+
+
+class _Hashes:
+    """Counts the documents hashed (bc.sha256_of), calling the real hash."""
+
+    def __init__(self, monkeypatch):
+        self.paths: list[str] = []
+        real = bc.sha256_of
+        monkeypatch.setattr(bc, "sha256_of", lambda path: self.paths.append(Path(path).name) or real(path))
+
+
+def test_a_same_size_change_inside_a_document_is_found_by_its_hash_and_built_again(
+    archives,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    src, manifest = archives
+    folder = _build(manifest, tmp_path / "cache", copy_from(src))
+    clean = _fingerprint(folder)
+    recorded = json.loads((folder / "manifest.json").read_text())["sha256"]
+    assert recorded == {r: hashlib.sha256((folder / r).read_bytes()).hexdigest() for r in recorded}
+    hashes = _Hashes(monkeypatch)
+    assert bc.damage(folder, json.loads(manifest.read_text())) is None and hashes.paths == []  # build's
+    document = folder / "documents" / "beta-2.0.jsonl"
+    size = document.stat().st_size
+    _same_size_change(document)
+    assert document.stat().st_size == size
+    lines: list[str] = []
+    log: list[str] = []
+    assert _build(manifest, tmp_path / "cache", copy_from(src, log), lines) == folder
+    notes = [line for line in lines if "not whole" in line]
+    assert (
+        len(notes) == 1 and "documents/beta-2.0.jsonl does not hold the bytes it was built with" in notes[0]
+    )
+    assert log == ["alpha-1.0.tar.gz", "beta-2.0.zip"] and _fingerprint(folder) == clean
+    hashes.paths.clear()
+    lines.clear()
+    _build(manifest, tmp_path / "cache", copy_from(src, log), lines)  # whole, and checked at its build
+    assert lines == [] and hashes.paths == [] and len(log) == 2
+
+
+def test_a_copied_corpus_is_hashed_on_its_first_open_only(archives, tmp_path, monkeypatch):  # noqa: F811
+    """A copy keeps sizes and, with `cp -p`, modification times: its first open hashes every document."""
+    src, manifest = archives
+    folder = _build(manifest, tmp_path / "cache", copy_from(src))
+    copy = tmp_path / "elsewhere" / folder.name
+    copy.parent.mkdir()
+    subprocess.run(["cp", "-rp", str(folder), str(copy)], check=True)
+    hashes = _Hashes(monkeypatch)
+    spec = json.loads(manifest.read_text())
+    assert bc.damage(copy, spec) is None
+    assert sorted(hashes.paths) == ["alpha-1.0.jsonl", "beta-2.0.jsonl"]
+    assert bc.damage(copy, spec) is None and len(hashes.paths) == 2  # the second open hashes nothing
+    before = (copy / "documents" / "alpha-1.0.jsonl").stat().st_mtime_ns
+    _same_size_change(copy / "documents" / "alpha-1.0.jsonl")
+    os.utime(copy / "documents" / "alpha-1.0.jsonl", ns=(before, before))  # even with its time put back
+    other = tmp_path / "third" / folder.name
+    other.parent.mkdir()
+    subprocess.run(["cp", "-rp", str(copy), str(other)], check=True)
+    assert "documents/alpha-1.0.jsonl does not hold the bytes" in bc.damage(other, spec)
+
+
+MANIFEST_HARMS = {
+    "size-as-text": (
+        lambda r: r["files"].update({"documents/beta-2.0.jsonl": "1234"}),
+        "files.documents/beta",
+    ),
+    "files-a-list": (lambda r: r.update(files=["documents/beta-2.0.jsonl"]), "files is ['documents/beta"),
+    "files-missing": (lambda r: r.pop("files"), "files is missing"),
+    "size-negative": (
+        lambda r: r["files"].update({"documents/beta-2.0.jsonl": -1}),
+        "an integer of 0 or more",
+    ),
+    "hash-not-hex": (lambda r: r["sha256"].update({"documents/beta-2.0.jsonl": "zz"}), "64 lowercase hex"),
+    "not-a-mapping": (lambda r: r.clear() or r.update(x=1), "another corpus's"),
+}
+
+
+@pytest.mark.parametrize("harm, said", MANIFEST_HARMS.values(), ids=MANIFEST_HARMS.keys())
+def test_a_manifest_with_a_field_of_the_wrong_type_is_named_and_built_again(archives, tmp_path, harm, said):  # noqa: F811
+    src, manifest = archives
+    folder = _build(manifest, tmp_path / "cache", copy_from(src))
+    clean = _fingerprint(folder)
+    record = json.loads((folder / "manifest.json").read_text())
+    harm(record)
+    (folder / "manifest.json").write_text(json.dumps(record))
+    lines: list[str] = []
+    assert _build(manifest, tmp_path / "cache", copy_from(src), lines) == folder
+    notes = [line for line in lines if "not whole" in line]
+    assert len(notes) == 1 and said in notes[0] and "\n" not in notes[0], lines
+    assert _fingerprint(folder) == clean and bc.damage(folder, json.loads(manifest.read_text())) is None
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [folder.name]
+
+
+def test_a_corpus_built_before_documents_were_hashed_is_checked_by_size(archives, tmp_path):  # noqa: F811
+    src, manifest = archives
+    folder = _build(manifest, tmp_path / "cache", copy_from(src))
+    record = json.loads((folder / "manifest.json").read_text())
+    del record["sha256"]
+    (folder / "manifest.json").write_text(json.dumps(record))
+    (folder / bc.VERIFIED).unlink()
+    assert bc.damage(folder, json.loads(manifest.read_text())) is None
+    assert not (folder / bc.VERIFIED).exists()
