@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ablate.core import json_cache
 from ablate.core.errors import UserError
 from ablate.core.tables import format_seconds, si
 from ablate.data.corpus import TextCorpus
@@ -65,7 +66,7 @@ class SplitWriter:
         """Sidecars of the shards a run before this one committed; anything else in the folder is dropped."""
         shards = []
         for sidecar in sorted(self.dir.glob("*.json")):
-            header = json.loads(sidecar.read_text())
+            header = json_cache.read(sidecar)  # a damaged sidecar reads as none: its shard is made again
             if "documents" not in header or not sidecar.with_suffix(".bin").is_file():
                 break
             shards.append(header)
@@ -293,10 +294,7 @@ def _claim(out_dir: Path, state: dict[str, Any]) -> None:
                 + (" (a finished `ablate prepare`)" if (out_dir / MANIFEST).exists() else "")
                 + "; give a new or empty folder"
             )
-        try:
-            before = json.loads(saved.read_text())
-        except (OSError, json.JSONDecodeError):
-            before = None
+        before = json_cache.read(saved)  # not JSON, not UTF-8 or not an object: another preparation's
         if before != json.loads(json.dumps(state)):
             raise UserError(
                 f"out_dir: {out_dir} holds an unfinished `ablate prepare` of another corpus, tokenizer or "

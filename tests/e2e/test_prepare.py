@@ -136,5 +136,11 @@ def test_prepare_refuses_a_folder_of_another_preparation(tmp_path, capsys):
         capsys, "prepare", str(path), "--out", str(out), "--workspace", str(tmp_path / "ws")
     )
     assert_one_line_error(code, err, f"out_dir: {out} holds an unfinished `ablate prepare` of another corpus")
+    for damaged in (b"\xff\xfe{", b"[]", b"{not json"):  # read as another preparation's, not a traceback
+        (out / "prepare.json").write_bytes(damaged)
+        code, _, err = run_cli(
+            capsys, "prepare", str(path), "--out", str(out), "--workspace", str(tmp_path / "ws")
+        )
+        assert_one_line_error(code, err, f"out_dir: {out} holds an unfinished `ablate prepare`")
     code, _, err = run_cli(capsys, "prepare", str(path), "--out", str(out), "--workers", "0")
     assert_one_line_error(code, err, "--workers: 0 is not a positive integer")
