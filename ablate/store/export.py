@@ -493,7 +493,8 @@ PARAMS = {
     **dict.fromkeys(("train.warmup_steps", "train.batch_tokens", "train.steps"), fields.INTEGER_TEXT),
 }
 JSON_ARTIFACTS = ("data.json", "final_metrics.json")
-METRIC_COLUMNS = {"run_id": "string", "key": "string", "step": "integer", "value": "floating"}
+METRIC_COLUMNS = {"run_id": "string", "key": "string", "step": "integer", "value": "floating"}  # pyarrow's
+KIND_WORDS = {"string": "text", "integer": "integers", "floating": "floating-point numbers"}
 
 
 def _check_trial_attrs(attrs: dict[str, Any], where: str, prefix: str) -> None:
@@ -563,8 +564,10 @@ def _check_metric_columns(path: Path) -> None:
     schema = _parquet(path, pq.read_schema)
     for name, kind in METRIC_COLUMNS.items():
         if name not in schema.names:
-            raise UserError(f"--from: {path} has no column {name!r} ({kind}); {RESTORE}")
+            raise UserError(f"--from: {path} has no column {name!r} (of {KIND_WORDS[kind]}); {RESTORE}")
         column = schema.field(name).type
         column = column.value_type if pa.types.is_dictionary(column) else column
         if not getattr(pa.types, f"is_{kind}")(column):
-            raise UserError(f"--from: {path}: column {name!r} holds {column}, not {kind} values; {RESTORE}")
+            raise UserError(
+                f"--from: {path}: column {name!r} holds {column}, not {KIND_WORDS[kind]}; {RESTORE}"
+            )

@@ -195,6 +195,15 @@ def _without_values(folder: Path) -> None:
     pq.write_table(table.drop(["value"]), folder / "metrics.parquet")
 
 
+def _values_as_text(folder: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(folder / "metrics.parquet")
+    values = pa.array([str(v) for v in table.column("value").to_pylist()], pa.string())
+    pq.write_table(table.set_column(3, "value", values), folder / "metrics.parquet")
+
+
 CRAFTED_FIELDS = {  # each field of an export a report reads, crafted: (edit of the folder, the line's words)
     "plan-not-json": (
         lambda f: edit_meta(f, lambda m: _plan(m, "{seed: 0")),
@@ -227,6 +236,7 @@ CRAFTED_FIELDS = {  # each field of an export a report reads, crafted: (edit of 
         "params.train.lr is [0.1], not a number (as text)",
     ),
     "metrics-without-values": (_without_values, "metrics.parquet has no column 'value'"),
+    "metrics-values-text": (_values_as_text, "column 'value' holds string, not floating-point numbers"),
     "readme-not-utf8": (
         lambda f: (f / "README.md").write_bytes(b"# How this report was made\n\xff\xfe notes\n"),
         "README.md: '",
