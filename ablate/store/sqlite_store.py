@@ -273,8 +273,9 @@ def _create(path: Path) -> None:
     except (OSError, sqlite3.Error, sqlalchemy.exc.SQLAlchemyError, MlflowException) as e:
         _discard_creations(path)
         raise UserError(
-            f"--tracking-uri: could not create the MLflow store {path} ({_why(e)}); free some space or raise "
-            "the file-size limit (ulimit -f) and run again: nothing was written in its place"
+            f"--tracking-uri: could not create the MLflow store {path} ({_why(e)}); it needs about 1 MB in a "
+            "writable folder: free some space, raise the file-size limit (ulimit -f) or give another "
+            "--workspace, and run again (nothing was left in its place)"
         ) from None
 
 

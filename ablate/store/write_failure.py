@@ -27,17 +27,27 @@ def store_write_failure(error: BaseException) -> UserError | None:
         text = (str(cause).splitlines() or [""])[0]
         if cause.__class__.__module__ == "sqlite3" or name:
             if name.startswith(_SQLITE_CODES) or any(words in text for words in _SQLITE_WORDS):
-                return UserError(
-                    f"--tracking-uri: the MLflow store could not be written ({name or 'sqlite'}: {text[:120]}); "
-                    "free some space or raise the file-size limit (ulimit -f) and run the command again: a run "
-                    "resumes from its last whole checkpoint"
-                )
-        if isinstance(cause, OSError) and cause.errno in _OS_CODES and _in_mlflow(error):
-            return UserError(
-                f"--tracking-uri: the MLflow store could not be written ({cause.strerror}); free some space "
-                "or raise the file-size limit (ulimit -f) and run the command again"
-            )
+                return _line(error, f"{name or 'sqlite'}: {text[:120]}")
+        if (
+            isinstance(cause, OSError)
+            and cause.errno in _OS_CODES
+            and _through(error, ("mlflow", "sqlalchemy"))
+        ):
+            return _line(error, str(cause.strerror))
     return None
+
+
+def _line(error: BaseException, why: str) -> UserError:
+    """The line, naming the store the write was for: MLflow's (--tracking-uri) or the study's (--storage)."""
+    flag, store = (
+        ("--tracking-uri", "the MLflow store")
+        if _through(error, ("mlflow",)) or not _through(error, ("optuna",))
+        else ("--storage", "the Optuna study's store")
+    )
+    return UserError(
+        f"{flag}: {store} could not be written ({why}); free some space or raise the file-size limit "
+        "(ulimit -f) and run the command again: a run resumes from its last whole checkpoint"
+    )
 
 
 def _chain(error: BaseException) -> list[BaseException]:
@@ -53,6 +63,14 @@ def _chain(error: BaseException) -> list[BaseException]:
     return seen
 
 
-def _in_mlflow(error: BaseException) -> bool:
-    """Whether `error` came through MLflow's store (an OSError elsewhere is another layer's to say)."""
-    return any(type(e).__module__.startswith(("mlflow", "sqlalchemy")) for e in _chain(error))
+def _through(error: BaseException, packages: tuple[str, ...]) -> bool:
+    """Whether `error` or one of its causes was raised by `packages` (their exception types or frames)."""
+    for e in _chain(error):
+        if type(e).__module__.startswith(packages):
+            return True
+        tb = e.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_globals.get("__name__", "").startswith(packages):
+                return True
+            tb = tb.tb_next
+    return False
