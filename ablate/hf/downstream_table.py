@@ -1,6 +1,6 @@
 """The downstream table: each task's accuracy and bits per byte per row (mean over seeds with its interval),
 each row's paired difference from the reference row (the recipe's first variant) over seeds, and Holm's
-correction across tasks (one family per metric: every task x row comparison), with the same statistics as
+correction across tasks (one family per metric: every task x row comparison, at every token budget), with the same statistics as
 the loss table (ablate.report.stats). Written as `downstream.csv` and `downstream.md` in the report folder.
 
 Chance, said: an accuracy whose mean lies within the interval of chance (chance ± 1.96 sqrt(c (1 - c) / N),
@@ -19,50 +19,57 @@ from typing import Any
 from ablate.report import stats
 
 COLUMNS = (
-    "task", "metric", "variant", "label", "seeds", "mean", "lo", "hi", "chance", "within_chance",
+    "task", "metric", "tokens", "variant", "label", "seeds", "mean", "lo", "hi", "chance", "within_chance",
     "diff_vs_first", "diff_lo", "diff_hi", "p_value", "holm_survives",
 )  # fmt: skip
 METRICS = ("acc", "acc_norm", "bpb")
 ACCURACIES = ("acc", "acc_norm")
 
 
-def table_rows(scored: list[tuple[Any, dict]], order: list[str], labels: dict[str, str]) -> list[dict]:
-    """The table's rows from (RunSpec, {task: {metric: value}}) pairs; `order` is the variants' order."""
-    by = {}  # (task, metric, variant) -> {seed: value}
-    docs, chance = {}, {}
-    for run, scores in scored:
+def table_rows(scored: list[tuple[Any, int, dict]], order: list[str], labels: dict[str, str]) -> list[dict]:
+    """The table's rows from (RunSpec, its training tokens, {task: {metric: value}}) triples; `order` is the
+    variants' order (the first is the reference). A budgeted study has rows at every token budget, each
+    compared with the reference row at the same tokens."""
+    by: dict[tuple, dict] = {}  # (task, metric, tokens, variant) -> {seed: value}
+    docs: dict[tuple, int] = {}
+    chance: dict[str, float] = {}
+    for run, tokens, scores in scored:
         for task, values in scores.items():
             for metric in METRICS:
-                by.setdefault((task, metric, run.variant), {})[run.seed] = float(values.get(metric, math.nan))
-            docs[(task, run.variant)] = docs.get((task, run.variant), 0) + int(values.get("documents", 0))
+                value = float(values.get(metric, math.nan))
+                by.setdefault((task, metric, tokens, run.variant), {})[run.seed] = value
+            key = (task, tokens, run.variant)
+            docs[key] = docs.get(key, 0) + int(values.get("documents", 0))
             chance[task] = float(values.get("chance", math.nan))
-    tasks = list(dict.fromkeys(task for _, scores in scored for task in scores))
+    tasks = list(dict.fromkeys(task for _, _, scores in scored for task in scores))
+    budgets = sorted({tokens for _, tokens, _ in scored})
     rows = []
     for task in tasks:
         for metric in METRICS:
-            reference = by.get((task, metric, order[0]), {})
-            for variant in order:
-                values = by.get((task, metric, variant))
-                if values is None:
-                    continue
-                bounded = metric in ACCURACIES
-                iv = (
-                    stats.bounded_mean_ci(values.values(), 0.0, 1.0)
-                    if bounded
-                    else stats.mean_ci(values.values())
-                )
-                diff = stats.paired_difference(values, reference) if variant != order[0] else None
-                c = chance.get(task, math.nan) if bounded else math.nan
-                rows.append(
-                    {
-                        "task": task, "metric": metric, "variant": variant, "label": labels.get(variant, variant),
-                        "seeds": iv.n, "mean": iv.mean, "lo": iv.lo, "hi": iv.hi, "chance": c,
-                        "within_chance": _within_chance(iv.mean, c, docs.get((task, variant), 0)) if bounded else "",
-                        **stats.diff_columns(diff),
-                    }
-                )  # fmt: skip
+            for tokens in budgets:
+                reference = by.get((task, metric, tokens, order[0]), {})
+                for variant in order:
+                    values = by.get((task, metric, tokens, variant))
+                    if values is not None:
+                        n = docs.get((task, tokens, variant), 0)
+                        rows.append(
+                            _row(task, metric, tokens, variant, labels, values, reference, chance, n, order)
+                        )
     _holm_per_metric(rows, order[0])
     return rows
+
+
+def _row(task, metric, tokens, variant, labels, values, reference, chance, documents, order) -> dict:
+    bounded = metric in ACCURACIES
+    iv = stats.bounded_mean_ci(values.values(), 0.0, 1.0) if bounded else stats.mean_ci(values.values())
+    diff = stats.paired_difference(values, reference) if variant != order[0] else None
+    c = chance.get(task, math.nan) if bounded else math.nan
+    return {
+        "task": task, "metric": metric, "tokens": tokens, "variant": variant, "label": labels.get(variant, variant),
+        "seeds": iv.n, "mean": iv.mean, "lo": iv.lo, "hi": iv.hi, "chance": c,
+        "within_chance": _within_chance(iv.mean, c, documents) if bounded else "",
+        **stats.diff_columns(diff),
+    }  # fmt: skip
 
 
 def _within_chance(mean: float, chance: float, documents: int) -> str:
@@ -74,7 +81,7 @@ def _within_chance(mean: float, chance: float, documents: int) -> str:
 
 def _holm_per_metric(rows: list[dict], reference: str) -> None:
     """Holm across tasks, one family per metric; comparisons of two rows within chance leave the family."""
-    ref = {(r["task"], r["metric"]): r for r in rows if r["variant"] == reference}
+    ref = {(r["task"], r["metric"], r["tokens"]): r for r in rows if r["variant"] == reference}
     for metric in METRICS:
         family = []
         for r in rows:
@@ -82,7 +89,7 @@ def _holm_per_metric(rows: list[dict], reference: str) -> None:
                 continue
             both = (
                 r["within_chance"] == "true"
-                and ref.get((r["task"], metric), {}).get("within_chance") == "true"
+                and ref.get((r["task"], metric, r["tokens"]), {}).get("within_chance") == "true"
             )
             if both:
                 r["holm_survives"] = "chance"
@@ -118,8 +125,8 @@ def _markdown(rows: list[dict], settings: Any) -> str:
         "over seeds and whether it survives Holm's correction across tasks (one family per metric). "
         "bpb: the gold answer's bits per byte (lower is better).",
         "",
-        "| task | metric | row | seeds | mean [95% CI] | chance | difference vs first | Holm |",
-        "|---|---|---|---|---|---|---|---|",
+        "| task | metric | tokens | row | seeds | mean [95% CI] | chance | difference vs first | Holm |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         iv = stats.Interval(r["mean"], r["lo"], r["hi"], r["seeds"])
@@ -131,7 +138,7 @@ def _markdown(rows: list[dict], settings: Any) -> str:
             f"{r['chance']:.3f}" + (" (within)" if r["within_chance"] == "true" else "")
         )  # fmt: skip
         lines.append(
-            f"| {r['task']} | {r['metric']} | {r['label']} | {r['seeds']} | {stats.format_ci(iv)} | {chance} "
+            f"| {r['task']} | {r['metric']} | {r['tokens']:,} | {r['label']} | {r['seeds']} | {stats.format_ci(iv)} | {chance} "
             f"| {diff} | {r['holm_survives']} |"
         )
     lines += ["", *_chance_note(rows), *_bpb_order(rows)]

@@ -18,6 +18,7 @@ def finished_run(recipe: Any, stores: Any, scale: str, run: str, verb: str) -> t
 
     ctx, study, client = finished_sweep(recipe, scale, stores, verb)
     runs, left_out = finished_runs(ctx, study, client)
+    runs = with_branches(runs, client)
     chosen = [(spec, run_id) for spec, run_id in runs if run in (spec.name, run_id)]
     if not chosen:
         known = ", ".join(spec.name for spec, _ in runs) or "none"
@@ -26,6 +27,22 @@ def finished_run(recipe: Any, stores: Any, scale: str, run: str, verb: str) -> t
             + (f" (left out: {'; '.join(left_out)})" if left_out else "")
         )
     return chosen[0][0], chosen[0][1], client
+
+
+def with_branches(runs: list[tuple[Any, str]], client: Any) -> list[tuple[Any, str]]:
+    """`runs` ((RunSpec, MLflow run id) of a study's finished trials) and, after each, its finished budget
+    branches (ablate.train.branches: each smaller budget's run, found by its run key), smallest first."""
+    from ablate.store.tracking import find_runs
+
+    out = []
+    for run, run_id in runs:
+        experiment = client.get_run(run_id).info.experiment_id
+        for branch in run.branches():
+            found = [r for r in find_runs(client, experiment, branch.key) if r.info.status == "FINISHED"]
+            if found:
+                out.append((branch, found[0].info.run_id))
+        out.append((run, run_id))
+    return out
 
 
 def ablate_tokenizer(data: Any, workspace: Workspace) -> Any:

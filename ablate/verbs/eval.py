@@ -154,7 +154,7 @@ def run_downstream(recipe: Recipe, stores: Stores, settings: Any, *, scale: str,
             f"eval: --downstream needs the eval extra ({e.name} is missing): pip install 'ablate[eval]'"
         ) from None
     from ablate.hf.downstream_table import table_rows, write_table
-    from ablate.hf.runs import ablate_tokenizer
+    from ablate.hf.runs import ablate_tokenizer, with_branches
     from ablate.probes.run import finished_runs, load_model
     from ablate.store.study import finished_sweep, report_folder
 
@@ -162,6 +162,7 @@ def run_downstream(recipe: Recipe, stores: Stores, settings: Any, *, scale: str,
     runs, left_out = finished_runs(ctx, study, client)
     if not runs:
         raise UserError(f"eval: no finished runs in study {ctx.study_name!r}; finish the sweep first")
+    runs = with_branches(runs, client)  # a budgeted study's smaller budgets too, each at its tokens
     manager = ds.load_tasks(settings)  # every task's data checked before any run is scored
     scored = []
     for run, run_id in runs:
@@ -176,9 +177,9 @@ def run_downstream(recipe: Recipe, stores: Stores, settings: Any, *, scale: str,
             scores = ds.score(model, tok, run.train.seq_len, manager, settings)
             ds.log_scores(client, run_id, run, scores, settings)
             print(f"[eval] {run.name}: scored {', '.join(settings.tasks)}", flush=True)
-        scored.append((run, scores))
-    order = [v for v in recipe.variants if any(run.variant == v for run, _ in scored)]
-    labels = {run.variant: run.label for run, _ in scored}
+        scored.append((run, ds.run_tokens(run), scores))
+    order = [v for v in recipe.variants if any(run.variant == v for run, _, _ in scored)]
+    labels = {run.variant: run.label for run, _, _ in scored}
     csv_path, md_path = write_table(table_rows(scored, order, labels), report_folder(ctx, reports), settings)
     print(f"[eval] {csv_path}\n\n{md_path.read_text()}", flush=True)
     for line in left_out:

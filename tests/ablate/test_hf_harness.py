@@ -134,12 +134,13 @@ def test_the_table_pairs_seeds_with_the_reference_and_corrects_across_tasks_by_h
         for v in ("base", "diff") for s in seeds for t in tasks
     }  # fmt: skip
     scored = [
-        (_run(v, s), {t: {"acc": values[v, s, t][0], "acc_norm": values[v, s, t][0], "bpb": values[v, s, t][1],
+        (_run(v, s), 1024, {t: {"acc": values[v, s, t][0], "acc_norm": values[v, s, t][0], "bpb": values[v, s, t][1],
                           "chance": 0.25, "documents": 400} for t in tasks})
         for v in ("base", "diff") for s in seeds
     ]  # fmt: skip
     rows = table_rows(scored, ["base", "diff"], {"base": "Base", "diff": "Diff"})
     got = {(r["task"], r["metric"], r["variant"]): r for r in rows}
+    assert {r["tokens"] for r in rows} == {1024}
     p_values = []
     for t in tasks:
         a = [values["diff", s, t][0] for s in seeds]
@@ -158,13 +159,13 @@ def test_the_table_pairs_seeds_with_the_reference_and_corrects_across_tasks_by_h
     # the base row sits near chance (0.25 of 4 choices at N = 1600 documents: ±0.021); the diff rows do not
     assert got[("t0", "acc", "diff")]["within_chance"] == "false"
     csv_path, md_path = write_table(rows, tmp_path, DownstreamSettings())
-    assert csv_path.read_text().splitlines()[0].startswith("task,metric,variant,label,seeds,mean")
+    assert csv_path.read_text().splitlines()[0].startswith("task,metric,tokens,variant,label,seeds,mean")
     assert "Rows by bits per byte" in md_path.read_text() and "Diff 1.4" in md_path.read_text()
 
 
 def test_accuracies_within_chance_rank_nothing_and_the_page_says_so(tmp_path):
     scored = [
-        (_run(v, s), {"t": {"acc": 0.25 + 0.01 * s * (v == "diff"), "acc_norm": 0.26, "bpb": 2.0 - 0.1 * (v == "diff") - 0.01 * s,
+        (_run(v, s), 1024, {"t": {"acc": 0.25 + 0.01 * s * (v == "diff"), "acc_norm": 0.26, "bpb": 2.0 - 0.1 * (v == "diff") - 0.01 * s,
                             "chance": 0.25, "documents": 100}})
         for v in ("base", "diff") for s in (0, 1, 2)
     ]  # fmt: skip
