@@ -210,7 +210,8 @@ def test_unknown_scale_on_the_command_line(capsys):
         err,
         "--scale: unknown scale 'tiyn'",
         "did you mean 'tiny'?",
-        "scales: cpu, cpu-pypi, cpu-pypi-mup, cpu-tokens, cpu-tokens-pypi, paper, small, tiny",
+        "scales: cpu, cpu-pypi, cpu-pypi-mup, cpu-pypi-mup-edge, cpu-pypi-mup-heldout, cpu-pypi-mup-pair, "
+        "cpu-pypi-mup-wsd, cpu-tokens, cpu-tokens-pypi, paper, small, tiny",
     )
 
 
