@@ -143,7 +143,7 @@ def _save_tokenizer(tokenizer: Any, eos: str, max_positions: int, out: Path) -> 
 def export_run(
     recipe: Any, stores: Any, *, scale: str, run: str, out: Path, checkpoint: str = "best"
 ) -> Exported:
-    """The finished run named `run` (its name, e.g. `diff-s0`, a budget branch's name, or its MLflow run id) of
+    """The finished run named `run` (its name, e.g. `diff-s0`, or its MLflow run id; a budget branch's run id) of
     `recipe`'s sweep at `scale`, written to `out`; its MLflow run then links the folder."""
     from ablate.hf.runs import finished_run
     from ablate.hf.tokenizer import run_tokenizer

@@ -1,4 +1,4 @@
-"""A study's finished run found by name (`diff-s0`, a budget branch's name) or MLflow run id, and its
+"""A study's finished run found by name (`diff-s0`) or MLflow run id (a budget branch's too), and its
 tokenizer as ablate encodes with it: what `ablate export`, `ablate eval --downstream` and the harness's
 command line read."""
 
@@ -12,14 +12,16 @@ from ablate.core.workspace import Workspace
 
 
 def finished_run(recipe: Any, stores: Any, scale: str, run: str, verb: str) -> tuple[Any, str, Any]:
-    """(RunSpec, MLflow run id, MLflow client) of the finished run `run` of `recipe`'s sweep at `scale`."""
+    """(RunSpec, MLflow run id, MLflow client) of the finished run `run` (a name or an MLflow run id; a budget
+    branch by its run id) of `recipe`'s sweep at `scale`."""
     from ablate.probes.run import finished_runs
     from ablate.store.study import finished_sweep
 
     ctx, study, client = finished_sweep(recipe, scale, stores, verb)
     runs, left_out = finished_runs(ctx, study, client)
-    runs = with_branches(runs, client)
+    # a branch shares its run's name: the name picks the run trained longest, a branch goes by its run id
     chosen = [(spec, run_id) for spec, run_id in runs if run in (spec.name, run_id)]
+    chosen += [(spec, run_id) for spec, run_id in with_branches(runs, client) if run == run_id]
     if not chosen:
         known = ", ".join(spec.name for spec, _ in runs) or "none"
         raise UserError(

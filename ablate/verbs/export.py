@@ -24,7 +24,7 @@ def export(
 
     Args:
         recipe: recipe YAML file of the sweep
-        run: the run: its name (transformer-s0, a budget branch's name) or its MLflow run id
+        run: the run: its name (transformer-s0) or its MLflow run id (a budget branch: its run id)
         out: folder to write (created; files of an earlier export in it are replaced)
         checkpoint: which checkpoint of the run: best (lowest validation loss) or last
     """
