@@ -7,6 +7,7 @@ nowhere."""
 from __future__ import annotations
 
 import csv
+import json
 import sys
 from pathlib import Path
 
@@ -98,6 +99,31 @@ def test_downstream_table_of_a_budgeted_two_by_two_sweep(tmp_path, capsys):
     # again: read back from the runs, nothing scored
     assert main(args) == 0
     assert "scored" not in capsys.readouterr().out
+    # a budget branch exports by its MLflow run id, and its record links the folder
+    pytest.importorskip("transformers")
+    branch = next(
+        r for r in children if names.BRANCHED_FROM in r.data.tags and r.data.tags[names.VARIANT] == "diff"
+    )
+    out = tmp_path / "branch"
+    code = main(
+        [
+            "export",
+            str(recipe),
+            "--run",
+            branch.info.run_id,
+            "--out",
+            str(out),
+            "--workspace",
+            str(tmp_path / "ws"),
+        ]
+    )
+    assert code == 0
+    record = json.loads((out / "ablate_export.json").read_text())
+    assert (
+        record["run_key"] == branch.data.tags[names.RUN_KEY]
+        and record["architecture"] == "DiffLlamaForCausalLM"
+    )
+    assert client.get_run(branch.info.run_id).data.tags[names.HF_EXPORT] == str(out.resolve())
     # a task whose data is a hub data set (the harness's arc_easy's) this machine does not have: one line,
     # exit 2, nothing downloaded
     (tasks / "hub_only.yaml").write_text(
