@@ -25,7 +25,7 @@ from torch import nn
 from ablate.core import contract, registry
 from ablate.core.errors import UserError
 from ablate.model.config import ModelConfig
-from ablate.model.decoder import meta_blocks
+from ablate.model.decoder import MetaBlocks, meta_blocks
 
 
 @dataclass(frozen=True)
@@ -41,12 +41,12 @@ class Cost:
         return 3 * self.fwd_flops_per_token
 
 
-def model_cost(config: ModelConfig | dict, seq_len: int) -> Cost:
+def model_cost(config: ModelConfig | dict | MetaBlocks, seq_len: int) -> Cost:
     """Count a model's parameters and FLOPs per token at `seq_len` without allocating it: one block's,
     times `n_layers`, plus the embedding, final norm and LM head. A model's blocks differ only in values
     (λ_init by depth), not in shapes: the last block is built too, and one that differs from the first
     in parameters or FLOPs is refused in one line naming the component."""
-    parts = meta_blocks(config)
+    parts = _meta(config)
     cfg = parts.config
     first, first_counted = _block_cost(parts.first, seq_len, cfg.d_model)
     last, _ = _block_cost(parts.last, seq_len, cfg.d_model)
@@ -101,14 +101,20 @@ _KIND = {
 }
 
 
-def attention_shape(model_config: ModelConfig | Mapping[str, Any]) -> dict[str, str]:
+def attention_shape(model_config: ModelConfig | Mapping[str, Any] | MetaBlocks) -> dict[str, str]:
     """The attention's name and its own columns (#heads, d, GN, λ_init), read off its first block built on
     `meta` through the component contract: what `ablate check` prints and runs are tagged with."""
-    parts = meta_blocks(model_config)
+    parts = _meta(model_config)
     return {
         "attention": registry.spec_name(parts.config.attention),
         **contract.attention_columns(parts.first.attention),
     }
+
+
+def _meta(config: ModelConfig | Mapping[str, Any] | MetaBlocks) -> MetaBlocks:
+    """`config`'s blocks on `meta`, or the ones given: a caller that reads a model's cost, shape and kernel
+    (a run's tags, ablate.train.records) builds them once."""
+    return config if isinstance(config, MetaBlocks) else meta_blocks(config)
 
 
 def relative_deviation(value: float, reference: float) -> float:

@@ -200,12 +200,12 @@ def _name_seed(seed: int, name: str) -> int:
 
 
 def attention_kernel(
-    model: DecoderLM, device: torch.device, dtype: torch.dtype, seq_len: int | None = None
+    model: DecoderLM | MetaBlocks, device: torch.device, dtype: torch.dtype, seq_len: int | None = None
 ) -> str:
     """The attention core `model`'s layers run on `device` in `dtype` for sequences `seq_len` long (what `auto`
     resolves to), through the component's `resolved_backend`; an attention that does not say gives its
-    configured backend."""
-    attn = model.blocks[0].attention
+    configured backend. `model`: built, or its `MetaBlocks` (the first block's attention either way)."""
+    attn = model.first.attention if isinstance(model, MetaBlocks) else model.blocks[0].attention
     resolved = getattr(attn, "resolved_backend", None)
     if resolved is None:
         return str(getattr(attn, "backend", model.config.attention_backend))

@@ -18,7 +18,7 @@ import torch
 
 from ablate.hardware.machine import machine_description
 from ablate.model.config import ModelConfig
-from ablate.model.decoder import attention_kernel, build_model
+from ablate.model.decoder import MetaBlocks, attention_kernel, meta_blocks
 from ablate.recipe.resolve import RunSpec
 from ablate.store import names, tokens_axis, tracking
 from ablate.train.choices.decided import Decided, Placement
@@ -103,23 +103,24 @@ def finished_result(
 def run_tags(run: RunSpec, decided: Decided) -> dict[str, str]:
     """The tags every run carries beside the recipe's: its shape and cost, and where and how it trains, as
     `decided` (the precision, the attention kernel of the model that trains, `auto`'s measured choice)."""
-    where = decided.where
+    where, parts = decided.where, meta_blocks(decided.model)  # the run's one meta build: shape, cost, kernel
     return {
-        **shape_tags(run),
+        **shape_tags(run, parts),
         names.PRECISION: where.precision,
         names.PRECISION_REASON: where.reason,
-        names.ATTENTION_KERNEL: run_attention_kernel(decided.model, run.train.seq_len, where),
+        names.ATTENTION_KERNEL: run_attention_kernel(parts, run.train.seq_len, where),
         names.MACHINE: machine_description(where.device),
         **decided.tags(),
     }
 
 
-def shape_tags(run: RunSpec) -> dict[str, str]:
-    """What the report's #heads / d / GN columns and the fits' parameter counts read from MLflow."""
+def shape_tags(run: RunSpec, parts: MetaBlocks) -> dict[str, str]:
+    """What the report's #heads / d / GN columns and the fits' parameter counts read from MLflow, read off
+    the run's model on `meta` (`parts`)."""
     from ablate.model.cost import attention_shape, model_cost
 
-    shape = attention_shape(run.model)
-    budget = model_cost(run.model, run.train.seq_len)
+    shape = attention_shape(parts)
+    budget = model_cost(parts, run.train.seq_len)
     return {
         names.HEADS: str(shape["heads"]),
         names.HEAD_WIDTH: str(shape["d"]),
@@ -132,15 +133,15 @@ def shape_tags(run: RunSpec) -> dict[str, str]:
     }
 
 
-def run_attention_kernel(model: ModelConfig, seq_len: int, where: Placement) -> str:
+def run_attention_kernel(model: ModelConfig | MetaBlocks, seq_len: int, where: Placement) -> str:
     """The attention core the layers of `model` (the run's, as it trains) use where the run is placed
     (what `auto` resolves to, which depends on the CPU kind as well as the dtype; on CUDA the backend
     measured fastest), so a rerun elsewhere is explainable from MLflow."""
     from ablate.hardware.precision import compute_dtype
 
-    built = build_model(model, device="meta")
+    parts = model if isinstance(model, MetaBlocks) else meta_blocks(model)
     return attention_kernel(
-        built, torch.device(where.device), compute_dtype(where.precision), seq_len=seq_len
+        parts, torch.device(where.device), compute_dtype(where.precision), seq_len=seq_len
     )
 
 

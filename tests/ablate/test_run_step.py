@@ -6,6 +6,7 @@ stand-in here: the attention choice's timer seam with injected timings, as in te
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -136,3 +137,27 @@ def test_auto_on_cuda_times_the_runs_own_step_and_its_tags_name_what_trained(tmp
     assert tags[names.ATTENTION_KERNEL] == "sdpa_efficient"
     assert tags[names.ATTENTION_CHOICE] == "sdpa_efficient+compile (fastest whole step, measured)"
     assert (tags[names.PRECISION], tags[names.MACHINE]) == ("bf16-mixed", "a stand-in cuda card")
+
+
+def test_one_meta_build_per_run(tmp_path, monkeypatch):
+    """A real run (two steps): its shape, cost and attention-kernel tags are read off one model built on
+    `meta`; the only other build is the model that trains. Counted where every build of a model or of
+    its blocks takes its components' builders (ablate.model.decoder.block_makers)."""
+    import ablate.model.decoder as decoder
+    from ablate.store.stores import Stores
+    from ablate.train.run import train_run
+
+    builds = []
+    makers = decoder.block_makers
+
+    def counted(config):  # called by a whole model's build and by `meta_blocks` (a cost's or shape's)
+        meta = sys._getframe(1).f_code.co_name == "meta_blocks" or str(torch.get_default_device()) == "meta"
+        builds.append("meta" if meta else "real")
+        return makers(config)
+
+    monkeypatch.setattr(decoder, "block_makers", counted)
+    monkeypatch.setenv("ABLATE_NATIVE_BF16", "0")  # precision by rule: no timed step builds a model
+    recipe = write_recipe(tmp_path, base__train__steps=2, base__train__val_every=2)
+    (run,) = load_recipe(recipe).resolve(None, seeds=[0], variants=["diff"])
+    train_run(run, Stores(tmp_path / "ws"), progress=False)
+    assert sorted(builds) == ["meta", "real"], builds
