@@ -156,3 +156,9 @@ def _native_stderr_silenced():
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def gpu_memory_bytes(cuda: Any = None) -> int | None:
+    """The memory of this machine's first CUDA device, or None where it has none."""
+    cuda = torch.cuda if cuda is None else cuda
+    return int(cuda.get_device_properties(0).total_memory) if cuda.is_available() else None

@@ -201,7 +201,12 @@ def autocast(device: str | torch.device, precision: str) -> contextlib.AbstractC
     return torch.autocast(device_type(device), dtype=dtype)
 
 
+def parameter_dtype(precision: str) -> torch.dtype:
+    """The dtype a resolved `precision` keeps parameters in: a `-true` precision's own; float32 otherwise
+    (the `-mixed` precisions autocast the products and keep float32 parameters)."""
+    return {"bf16-true": torch.bfloat16, "64-true": torch.float64}.get(precision, torch.float32)
+
+
 def compute_dtype(precision: str) -> torch.dtype:
     """The dtype matrix products run in under a resolved `precision` (for the matching matmul peak)."""
-    true_dtypes = {"bf16-true": torch.bfloat16, "64-true": torch.float64}
-    return AUTOCAST_DTYPES.get(precision) or true_dtypes.get(precision, torch.float32)
+    return AUTOCAST_DTYPES.get(precision) or parameter_dtype(precision)

@@ -14,6 +14,7 @@ from ablate.core import contract, registry
 from ablate.core.tables import markdown_table, si
 from ablate.model.config import ModelConfig
 from ablate.model.cost import Cost, attention_shape, model_cost, relative_deviation
+from ablate.model.memory import GB, memory_plan
 from ablate.recipe.matching import Tolerance
 from ablate.recipe.resolve import Recipe, RunSpec
 
@@ -201,3 +202,30 @@ def mup_notes(costs: list[VariantCost]) -> list[str]:
                 "to a narrower one (set base_d_model to the width the learning rate was tuned at)"
             )
     return notes
+
+
+# The card a plan is held against where this machine has none: 80 GB (an H100 or A100).
+PLAN_GPU_BYTES = 80 * GB
+# `precision: auto` as a GPU with bf16 trains it (ablate.hardware.precision.choose_precision).
+PLAN_AUTO_PRECISION = "bf16-mixed"
+
+
+def memory_lines(costs: list[VariantCost], gpu_bytes: float | None = None) -> tuple[list[str], list[str]]:
+    """Each row's memory plan on one device, every device a replica (ablate.model.memory), against
+    `gpu_bytes` (default: an 80 GB card), one line a row; and the rows that do not fit."""
+    limit = PLAN_GPU_BYTES if gpu_bytes is None else gpu_bytes
+    lines, too_large = [], []
+    for c in costs:
+        precision = c.run.train.precision
+        precision = PLAN_AUTO_PRECISION if precision == "auto" else precision
+        plan = memory_plan(
+            c.run.model,
+            precision=precision,
+            micro_batch_size=c.run.train.micro_batch_size,
+            seq_len=c.run.train.seq_len,
+        )
+        fits = plan.total <= limit
+        if not fits:
+            too_large.append(_row_name(c.run))
+        lines.append(f"  {_row_name(c.run)} ({precision}): {plan.row()}" + ("" if fits else ": DOES NOT FIT"))
+    return lines, too_large

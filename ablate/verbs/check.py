@@ -11,6 +11,7 @@ from ablate.core.errors import UserError
 from ablate.verbs.options import Shared, load, shared
 
 if TYPE_CHECKING:
+    from ablate.recipe.check import VariantCost
     from ablate.recipe.resolve import Recipe
 
 # The coordinate check's training windows are drawn from the corpus's first tokens: a few steps need few.
@@ -96,7 +97,7 @@ def run_check(recipe: Recipe, scale: str | None, allow_unmatched: bool = False) 
         *warmup_notes(costs),
         *mup_notes(costs),
     ]
-    report = table + "\n\n" + "\n".join(notes)
+    report = table + "\n\n" + "\n".join(notes) + "\n" + memory_report(costs)
     if unmatched and not allow_unmatched:
         tol = recipe.tolerance
         print(report)
@@ -159,3 +160,25 @@ def run_coord(
         f"seeds {seeds}: {time.perf_counter() - started:.0f} s; written to {out}"
     )
     return 0
+
+
+def memory_report(costs: list[VariantCost]) -> str:
+    """The memory table `ablate check` and a sweep's plan print: each row on one device, every device
+    holding the whole model (DDP)."""
+    from ablate.hardware.device import gpu_memory_bytes
+    from ablate.recipe.check import PLAN_AUTO_PRECISION, memory_lines
+
+    gpu = gpu_memory_bytes()
+    rows, too_large = memory_lines(costs, gpu)
+    where = f"this machine's {gpu / 1e9:.0f} GB GPU" if gpu else "an 80 GB card (no GPU here)"
+    lines = [
+        f"memory per device, every device holding the whole model (DDP), against {where} (precision auto "
+        f"planned as {PLAN_AUTO_PRECISION}; activations as this machine runs the attention backend):",
+        *rows,
+    ]
+    if too_large:
+        lines.append(
+            f"{', '.join(too_large)}: a replica does not fit one device; lower train.micro_batch_size (the "
+            "activations) or train a smaller size: sharding the model over devices is not available yet"
+        )
+    return "\n".join(lines)

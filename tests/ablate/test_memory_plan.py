@@ -1,0 +1,86 @@
+"""The memory plan (ablate.model.memory) against the real thing: a model's parameters, gradients and AdamW
+state after a real step, byte for byte, and one micro-batch's activations against the profiler's peak of a
+real forward and backward on this CPU (PyTorch's allocator records), in each precision."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from cli_helpers import run_cli
+
+from ablate.core.registry import load_plugins
+from ablate.hardware.device import CpuOps
+from ablate.hardware.precision import autocast, parameter_dtype
+from ablate.model.config import ModelConfig
+from ablate.model.decoder import build_model
+from ablate.model.memory import memory_plan
+
+SIZES = {  # two sizes: (d_model, n_layers, micro-batch, seq_len, vocab)
+    "small": (64, 2, 4, 96, 512),
+    "larger": (128, 3, 4, 256, 2048),
+}
+
+
+def _step(model, tokens, precision):
+    with autocast("cpu", precision):
+        loss = F.cross_entropy(model(tokens).flatten(0, 1).float(), tokens.flatten())
+    loss.backward()
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-true"])
+@pytest.mark.parametrize("attention", ["softmax", "diff", "diff_v2"])
+@pytest.mark.parametrize("size", list(SIZES))
+def test_the_plan_matches_a_real_step(size, attention, precision):
+    load_plugins()
+    d, layers, batch, seq_len, vocab = SIZES[size]
+    config = ModelConfig.from_dict(
+        {
+            "vocab_size": vocab,
+            "d_model": d,
+            "n_layers": layers,
+            "head_dim": 16,
+            "attention": {"name": attention},
+            "attention_backend": "math",
+        }
+    )
+    plan = memory_plan(config, precision=precision, micro_batch_size=batch, seq_len=seq_len)
+    torch.manual_seed(0)
+    model = build_model(config).to(parameter_dtype(precision))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, vocab, (batch, seq_len))
+    _step(model, tokens, precision)
+    optimizer.step()
+    model.zero_grad(set_to_none=False)  # gradients kept: the next step's peak is its activations alone
+
+    def nbytes(tensors):
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    assert plan.params == nbytes(model.parameters())
+    assert plan.grads == nbytes(p.grad for p in model.parameters())
+    state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    assert plan.optimizer == nbytes(state)
+    peak = CpuOps().peak_bytes(lambda: _step(model, tokens, precision))
+    assert plan.activations == pytest.approx(peak, rel=0.10), (plan.activations, peak)
+
+
+def test_check_prints_the_memory_plan_and_the_rows_that_do_not_fit(capsys):
+    code, out, err = run_cli(capsys, "check", "recipes/table6.yaml", "--scale", "tiny")
+    assert code == 0, err
+    rows = out[out.index("memory per device") :].splitlines()[1:8]
+    assert "80 GB card" in out and all(r.endswith("B") and "DOES NOT FIT" not in r for r in rows), rows
+    code, out, err = run_cli(
+        capsys,
+        "check",
+        "recipes/table6.yaml",
+        "--scale",
+        "tiny",
+        "--base.train.micro_batch_size",
+        "4096",
+        "--base.train.batch_tokens",
+        str(4096 * 4096),
+        "--base.train.seq_len",
+        "4096",
+    )
+    assert code == 0, err
+    assert "a replica does not fit one device" in out and out.count(": DOES NOT FIT") == 7
