@@ -18,6 +18,7 @@ and a model here is never built whole to be planned.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -60,6 +61,16 @@ class MemoryPlan:
 def memory_plan(model: ModelConfig, *, precision: str, micro_batch_size: int, seq_len: int) -> MemoryPlan:
     """The plan of one device training `model` in a resolved `precision` on micro-batches of
     `micro_batch_size` sequences of `seq_len` tokens, every device a replica."""
+    key = (json.dumps(model.to_dict(), sort_keys=True, default=str), precision, micro_batch_size, seq_len)
+    if key not in _PLANS:  # one fake forward per model and shape (0.1-0.5 s), however often it is checked
+        _PLANS[key] = _plan(model, precision, micro_batch_size, seq_len)
+    return _PLANS[key]
+
+
+_PLANS: dict[tuple, MemoryPlan] = {}
+
+
+def _plan(model: ModelConfig, precision: str, micro_batch_size: int, seq_len: int) -> MemoryPlan:
     dtype = parameter_dtype(precision)
     with FakeTensorMode(), _default_dtype(dtype):
         make = block_makers(model)
