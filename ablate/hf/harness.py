@@ -41,12 +41,14 @@ class AblateLM(TemplateLM):
         workspace_folder: str | None = None,
         scale: str | None = None,
         checkpoint: str = "best",
-        device: str = "cpu",
+        device: str | None = None,
         **_: Any,
     ):
         super().__init__()
         if model is None:  # the harness's command line: a run named by its recipe
             model, tokenizer, max_length = _run_parts(recipe, run, workspace_folder, scale, checkpoint)
+        if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+            device = "cuda" if torch.cuda.is_available() else "cpu"  # the harness's CLI asks for cuda by default
         self.model = model.eval().to(device)
         self.tok = tokenizer
         self._max_length = int(max_length)
