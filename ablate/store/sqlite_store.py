@@ -331,13 +331,31 @@ def _migrate(path: Path) -> None:
 def _exclusive(folder: Path):
     """An exclusive flock on the store's folder: no lock file is left in it, and it is never the store file
     (SQLite's own locks are fcntl locks, which a flock does not meet, but a store renamed into place is
-    another file than the one a waiting process opened)."""
+    another file than the one a waiting process opened). Where a folder cannot be locked (NFS emulates
+    flock with fcntl locks, which need a file open for writing), a hidden `.mlflow.lock` file in it is."""
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as e:
         raise UserError(f"--tracking-uri: cannot open the folder {folder}: {e.strerror or e}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd)
+        fd = _lock_file(folder)
+    try:
         yield
     finally:
         os.close(fd)
+
+
+def _lock_file(folder: Path) -> int:
+    """The descriptor of `folder`'s `.mlflow.lock`, locked exclusively."""
+    fd = -1
+    try:
+        fd = os.open(folder / ".mlflow.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+    except OSError as e:
+        if fd >= 0:
+            os.close(fd)
+        raise UserError(f"--tracking-uri: cannot lock the folder {folder}: {e.strerror or e}") from None

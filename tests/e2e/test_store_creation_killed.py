@@ -176,3 +176,24 @@ def test_no_creation_file_is_left_by_one_that_finished(tmp_path):
     Stores(workspace).client()
     assert sorted(p.name for p in workspace.iterdir()) == ["mlflow.db"]
     assert not any(name.startswith(".") for name in os.listdir(workspace))
+
+
+def test_a_folder_that_cannot_be_locked_is_locked_through_a_file_in_it(tmp_path, monkeypatch):
+    """NFS refuses a flock on a folder opened to read (its flock is an fcntl lock, which needs a file open
+    for writing): the creation locks a hidden `.mlflow.lock` file in the folder instead."""
+    import errno
+    import fcntl
+    import stat
+
+    real = fcntl.flock
+
+    def nfs_like(fd, operation):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        return real(fd, operation)
+
+    monkeypatch.setattr(sqlite_store.fcntl, "flock", nfs_like)
+    workspace = tmp_path / "ws"
+    _next_command_works(workspace)
+    names = set(os.listdir(workspace))
+    assert {".mlflow.lock", "mlflow.db"} <= names and not any(".creating-" in name for name in names)
