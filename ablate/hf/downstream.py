@@ -12,7 +12,8 @@ byte (its negative log-likelihood over all documents in bits, divided by the UTF
 continuations), from the harness's logged samples; `chance`, the mean of 1 / (number of choices). Logged as
 MLflow metrics `downstream/<task>/<metric>` at the run's training tokens (so a budgeted study's branches
 line up against tokens), with the tag `ablate.downstream` (a hash of the settings): a run already scored
-with the same settings is read back, not scored again.
+with the same settings is read back, not scored again. With `logit_bits` (Figure 8) the tasks are scored
+again with the attention logits quantized, as the `quantization` probe quantizes them.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class DownstreamSettings:
     limit: int | None = None  # documents per task (None: all)
     checkpoint: str = "best"
     batch_size: int = 8
+    logit_bits: tuple[int, ...] = ()  # Figure 8: also scored with attention logits quantized to these bits
 
     def key(self) -> str:
         described = {**asdict(self), "task_folder": _folder_digest(self.task_folder)}
@@ -104,7 +106,29 @@ def load_tasks(settings: DownstreamSettings) -> Any:
 
 
 def score(model: Any, tokenizer: Any, max_length: int, manager: Any, settings: DownstreamSettings) -> dict:
-    """task -> {acc, acc_norm, bpb, chance, documents} for one model (module docstring)."""
+    """task -> {acc, acc_norm, bpb, chance, documents} for one model (module docstring); with `logit_bits`,
+    also acc_bits_<b> and acc_norm_bits_<b>: the same tasks with every attention logit absmax-quantized to b
+    bits (Figure 8, ablate.probes.quantization at its default per-head granularity)."""
+    scores = _evaluate(model, tokenizer, max_length, manager, settings)
+    for bits in settings.logit_bits:
+        from functools import partial
+
+        import torch
+
+        from ablate.probes.capture import route_attention
+        from ablate.probes.quantization import absmax_quantize
+
+        transform = partial(absmax_quantize, bits=bits, granularity="head")
+        with torch.inference_mode(), route_attention(model, logit_transform=transform):
+            quantized = _evaluate(model, tokenizer, max_length, manager, settings)
+        for task, values in quantized.items():
+            scores[task] |= {f"{m}_bits_{bits}": values[m] for m in ("acc", "acc_norm")}
+    return scores
+
+
+def _evaluate(
+    model: Any, tokenizer: Any, max_length: int, manager: Any, settings: DownstreamSettings
+) -> dict:
     import lm_eval
 
     from ablate.hf.harness import AblateLM

@@ -22,20 +22,20 @@ COLUMNS = (
     "task", "metric", "tokens", "variant", "label", "seeds", "mean", "lo", "hi", "chance", "within_chance",
     "diff_vs_first", "diff_lo", "diff_hi", "p_value", "holm_survives",
 )  # fmt: skip
-METRICS = ("acc", "acc_norm", "bpb")
-ACCURACIES = ("acc", "acc_norm")
+METRICS = ("acc", "acc_norm", "bpb")  # then Figure 8's acc_bits_<b>, acc_norm_bits_<b> where scored
 
 
 def table_rows(scored: list[tuple[Any, int, dict]], order: list[str], labels: dict[str, str]) -> list[dict]:
     """The table's rows from (RunSpec, its training tokens, {task: {metric: value}}) triples; `order` is the
     variants' order (the first is the reference). A budgeted study has rows at every token budget, each
     compared with the reference row at the same tokens."""
+    metrics = _metrics(scored)
     by: dict[tuple, dict] = {}  # (task, metric, tokens, variant) -> {seed: value}
     docs: dict[tuple, int] = {}
     chance: dict[str, float] = {}
     for run, tokens, scores in scored:
         for task, values in scores.items():
-            for metric in METRICS:
+            for metric in metrics:
                 value = float(values.get(metric, math.nan))
                 by.setdefault((task, metric, tokens, run.variant), {})[run.seed] = value
             key = (task, tokens, run.variant)
@@ -45,7 +45,7 @@ def table_rows(scored: list[tuple[Any, int, dict]], order: list[str], labels: di
     budgets = sorted({tokens for _, tokens, _ in scored})
     rows = []
     for task in tasks:
-        for metric in METRICS:
+        for metric in metrics:
             for tokens in budgets:
                 reference = by.get((task, metric, tokens, order[0]), {})
                 for variant in order:
@@ -55,12 +55,22 @@ def table_rows(scored: list[tuple[Any, int, dict]], order: list[str], labels: di
                         rows.append(
                             _row(task, metric, tokens, variant, labels, values, reference, chance, n, order)
                         )
-    _holm_per_metric(rows, order[0])
+    _holm_per_metric(rows, order[0], metrics)
     return rows
 
 
+def _metrics(scored: list[tuple[Any, int, dict]]) -> list[str]:
+    """METRICS, then the quantized accuracies the scores hold (Figure 8), widest bits first."""
+    extra = {m for _, _, scores in scored for values in scores.values() for m in values if "_bits_" in m}
+    return [*METRICS, *sorted(extra, key=lambda m: (-int(m.rsplit("_", 1)[1]), m))]
+
+
+def _accuracy(metric: str) -> bool:
+    return metric.startswith("acc")
+
+
 def _row(task, metric, tokens, variant, labels, values, reference, chance, documents, order) -> dict:
-    bounded = metric in ACCURACIES
+    bounded = _accuracy(metric)
     iv = stats.bounded_mean_ci(values.values(), 0.0, 1.0) if bounded else stats.mean_ci(values.values())
     diff = stats.paired_difference(values, reference) if variant != order[0] else None
     c = chance.get(task, math.nan) if bounded else math.nan
@@ -79,10 +89,10 @@ def _within_chance(mean: float, chance: float, documents: int) -> str:
     return "true" if abs(mean - chance) <= half else "false"
 
 
-def _holm_per_metric(rows: list[dict], reference: str) -> None:
+def _holm_per_metric(rows: list[dict], reference: str, metrics: list[str]) -> None:
     """Holm across tasks, one family per metric; comparisons of two rows within chance leave the family."""
     ref = {(r["task"], r["metric"], r["tokens"]): r for r in rows if r["variant"] == reference}
-    for metric in METRICS:
+    for metric in metrics:
         family = []
         for r in rows:
             if r["metric"] != metric or r["variant"] == reference:
@@ -146,7 +156,7 @@ def _markdown(rows: list[dict], settings: Any) -> str:
 
 
 def _chance_note(rows: list[dict]) -> list[str]:
-    accs = [r for r in rows if r["metric"] in ACCURACIES]
+    accs = [r for r in rows if _accuracy(r["metric"])]
     inside = [r for r in accs if r["within_chance"] == "true"]
     if not accs or not inside:
         return []

@@ -29,6 +29,7 @@ def evaluate(
     task_folder: str | None = None,
     num_fewshot: int = 0,
     limit: int | None = None,
+    logit_bits: list[int] | None = None,
     *,
     overrides: list | None = None,
     **options: Any,
@@ -46,6 +47,7 @@ def evaluate(
         task_folder: a folder of harness task YAML files with local data (TaskManager's include_path)
         num_fewshot: examples in each prompt (0: zero-shot; Table 8: 5)
         limit: documents per task (default: all)
+        logit_bits: also score the tasks with attention logits quantized to these bits (Figure 8: 8 6 4)
     """
     opts = Shared(**options)
     loaded = load(recipe, overrides, opts.scale)
@@ -58,6 +60,7 @@ def evaluate(
             task_folder=task_folder,
             limit=None if limit is None else _count("limit", limit, 1),
             checkpoint=checkpoint or "best",
+            logit_bits=tuple(_count("logit_bits", b, 2) for b in logit_bits or ()),
         )
         run_downstream(loaded, opts.stores, settings, scale=loaded.scale, reports=Path(opts.reports))
         return 0

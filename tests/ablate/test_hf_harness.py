@@ -119,6 +119,50 @@ def test_the_gold_answers_bits_per_byte_is_its_log_likelihood_over_its_bytes(tmp
     assert 0.0 <= scores["acc"] <= 1.0
 
 
+def test_figure_8_scores_the_tasks_again_with_quantized_attention_logits(tmp_path):
+    model = _model(seed=4)
+    with torch.no_grad():  # sharp attention maps, whose logits 2 bits cannot hold
+        for block in model.blocks:
+            block.attention.q_proj.weight.mul_(10)
+            block.attention.k_proj.weight.mul_(10)
+    folder = write_task(tmp_path / "tasks", n=12, seed=3)
+    settings = DownstreamSettings(tasks=("tiny_mc",), task_folder=str(folder), logit_bits=(15, 2))
+    scores = score(model, ByteTokenizer(), 128, load_tasks(settings), settings)["tiny_mc"]
+    assert scores["acc_bits_15"] == scores["acc"] and scores["acc_norm_bits_15"] == scores["acc_norm"]
+    import lm_eval
+
+    from ablate.hf.harness import AblateLM
+    from ablate.probes.capture import route_attention
+    from ablate.probes.quantization import absmax_quantize
+
+    def gold_lls(transform):
+        lm = AblateLM(model, ByteTokenizer(), max_length=128)
+        with torch.inference_mode(), route_attention(model, logit_transform=transform):
+            out = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=["tiny_mc"],
+                task_manager=load_tasks(settings),
+                log_samples=True,
+                bootstrap_iters=0,
+                verbosity="ERROR",
+            )
+        return [s["filtered_resps"][int(s["target"])][0] for s in out["samples"]["tiny_mc"]]  # fmt: skip
+
+    plain, two_bits = gold_lls(None), gold_lls(lambda t: absmax_quantize(t, 2))
+    assert max(abs(a - b) for a, b in zip(plain, two_bits)) > 1e-2  # 2-bit logits change what the model says
+    assert 0.0 <= scores["acc_bits_2"] <= 1.0
+    rows = table_rows([(_run("base", 0), 0, {"tiny_mc": scores})], ["base"], {})
+    assert [r["metric"] for r in rows] == [
+        "acc",
+        "acc_norm",
+        "bpb",
+        "acc_bits_15",
+        "acc_norm_bits_15",
+        "acc_bits_2",
+        "acc_norm_bits_2",
+    ]
+
+
 def _run(variant: str, seed: int):
     return SimpleNamespace(variant=variant, seed=seed, label=variant.title())
 
