@@ -47,8 +47,9 @@ class AblateLM(TemplateLM):
         super().__init__()
         if model is None:  # the harness's command line: a run named by its recipe
             model, tokenizer, max_length = _run_parts(recipe, run, workspace_folder, scale, checkpoint)
+        # the harness's command line asks for cuda by default, also on a machine without it
         if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
-            device = "cuda" if torch.cuda.is_available() else "cpu"  # the harness's CLI asks for cuda by default
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model = model.eval().to(device)
         self.tok = tokenizer
         self._max_length = int(max_length)
