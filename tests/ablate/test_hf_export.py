@@ -142,7 +142,7 @@ def plugin_path(monkeypatch):
 
 
 CUSTOM = {
-    "diff v2": ("diff_v2", {}, "DiffV2Attention"),
+    "diff v2, tied": ("diff_v2", {"tie_embeddings": True}, "DiffV2Attention"),
     "constant λ_init": ({"name": "diff", "lambda_init": {"name": "constant", "value": 0.8}}, {}, "λ_init"),
     "layernorm, gelu": ("softmax", {"norm": "layernorm", "ffn": "gelu"}, "GeluMLP, LayerNorm"),
     "a plugin's attention": ("test_local_attention", {}, "LocalAttention"),
