@@ -70,62 +70,71 @@ def _bwd_kv_tiles(
     # ATOMIC also adds the block's share of dQ1 and dQ2 (scaled) into the float32 buffer at dq_base.
     # LSE and DELTA rows of map 1 at lse_base and delta_base (map 2: + map_stride). MASKED: the tiles
     # the diagonal or the sequence's end crosses; the others are seen whole.
+    # Transposed, as in Triton's fused-attention tutorial: S^T = K Q^T, dP^T = V dO^T, so P^T and dS^T
+    # are (key rows, query rows), the layout dV += P^T dO and dK += dS^T Q read from registers; only the
+    # single pass's dQ = dS K reads a transpose. Every product but dQ has the key block's rows.
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_E)
+    elem = q_base.dtype.element_ty
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q_ptrs = q_base + offs_m[:, None] * sqn + offs_d[None, :] * sqd
+        qt_ptrs = q_base + offs_m[None, :] * sqn + offs_d[:, None] * sqd  # Q^T tile (BLOCK_D, BLOCK_M)
         if MASKED:
             row_ok = offs_m < n_ctx
-            q_mask = row_ok[:, None] & (offs_d[None, :] < width)
+            qt_mask = row_ok[None, :] & (offs_d[:, None] < width)
             do_mask = row_ok[:, None] & (offs_e[None, :] < v_width)
-            visible = (offs_m[:, None] >= offs_n[None, :]) & (offs_n[None, :] < n_ctx) & row_ok[:, None]
+            dq_mask = row_ok[:, None] & (offs_d[None, :] < width)
+            visible = (offs_m[None, :] >= offs_n[:, None]) & (offs_n[:, None] < n_ctx) & row_ok[None, :]
             lse1 = tl.load(lse_base + offs_m, mask=row_ok, other=0.0)
             delta1 = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
         else:
-            q_mask = offs_d[None, :] < width
+            qt_mask = offs_d[:, None] < width
             do_mask = offs_e[None, :] < v_width
+            dq_mask = offs_d[None, :] < width
             lse1 = tl.load(lse_base + offs_m)
             delta1 = tl.load(delta_base + offs_m)
         do = tl.load(do_base + offs_m[:, None] * sdn + offs_e[None, :] * sde, mask=do_mask, other=0.0)
         do = do.to(DOT)
-        dp = tl.dot(do, tl.trans(v_tile), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N), both maps'
-        q1 = tl.load(q_ptrs, mask=q_mask, other=0.0).to(DOT)
-        s1 = tl.dot(q1, tl.trans(k1), input_precision=PRECISION)
-        p1 = tl.exp2(s1 * qk_scale - lse1[:, None] * LOG2E)
+        dpt = tl.dot(v_tile, tl.trans(do), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M), both maps'
+        q1t = tl.load(qt_ptrs, mask=qt_mask, other=0.0).to(DOT)
+        s1t = tl.dot(k1, q1t, input_precision=PRECISION)
+        p1t = tl.exp2(s1t * qk_scale - (lse1 * LOG2E)[None, :])  # the log-sum-exp in base 2, per row
         if MASKED:
-            p1 = tl.where(visible, p1, 0.0)
-        ds1 = (p1 * (dp - delta1[:, None])).to(q_base.dtype.element_ty).to(DOT)
-        dk1 += tl.dot(tl.trans(ds1), q1, input_precision=PRECISION)
+            p1t = tl.where(visible, p1t, 0.0)
+        ds1t = (p1t * (dpt - delta1[None, :])).to(elem).to(DOT)
+        dk1 += tl.dot(ds1t, tl.trans(q1t), input_precision=PRECISION)
         if ATOMIC:
-            dq1 = tl.dot(ds1, k1, input_precision=PRECISION) * scale
+            dq1 = tl.dot(tl.trans(ds1t), k1, input_precision=PRECISION) * scale
             tl.atomic_add(
-                dq_base + offs_m[:, None] * tqn + offs_d[None, :] * tqd, dq1, mask=q_mask, sem="relaxed"
+                dq_base + offs_m[:, None] * tqn + offs_d[None, :] * tqd,
+                dq1,
+                mask=dq_mask,
+                sem="relaxed",
             )
         if MAPS == 2:
-            q2 = tl.load(q_ptrs + sqm, mask=q_mask, other=0.0).to(DOT)
+            q2t = tl.load(qt_ptrs + sqm, mask=qt_mask, other=0.0).to(DOT)
             if MASKED:
                 lse2 = tl.load(lse_base + map_stride + offs_m, mask=row_ok, other=0.0)
                 delta2 = tl.load(delta_base + map_stride + offs_m, mask=row_ok, other=0.0)
             else:
                 lse2 = tl.load(lse_base + map_stride + offs_m)
                 delta2 = tl.load(delta_base + map_stride + offs_m)
-            s2 = tl.dot(q2, tl.trans(k2), input_precision=PRECISION)
-            p2 = tl.exp2(s2 * qk_scale - lse2[:, None] * LOG2E)
+            s2t = tl.dot(k2, q2t, input_precision=PRECISION)
+            p2t = tl.exp2(s2t * qk_scale - (lse2 * LOG2E)[None, :])
             if MASKED:
-                p2 = tl.where(visible, p2, 0.0)
-            ds2 = (-lam * p2 * (dp - delta2[:, None])).to(q_base.dtype.element_ty).to(DOT)
-            dk2 += tl.dot(tl.trans(ds2), q2, input_precision=PRECISION)
+                p2t = tl.where(visible, p2t, 0.0)
+            ds2t = (-lam * p2t * (dpt - delta2[None, :])).to(elem).to(DOT)
+            dk2 += tl.dot(ds2t, tl.trans(q2t), input_precision=PRECISION)
             if ATOMIC:
-                dq2 = tl.dot(ds2, k2, input_precision=PRECISION) * scale
+                dq2 = tl.dot(tl.trans(ds2t), k2, input_precision=PRECISION) * scale
                 tl.atomic_add(
                     dq_base + tqm + offs_m[:, None] * tqn + offs_d[None, :] * tqd,
                     dq2,
-                    mask=q_mask,
+                    mask=dq_mask,
                     sem="relaxed",
                 )
-            p1 = p1 - lam * p2  # the map V meets: A1 - λ A2
-        dv += tl.dot(tl.trans(p1.to(q_base.dtype.element_ty).to(DOT)), do, input_precision=PRECISION)
+            p1t = p1t - lam * p2t  # the map V meets: A1 - λ A2
+        dv += tl.dot(p1t.to(elem).to(DOT), do, input_precision=PRECISION)
     return dk1, dk2, dv
 
 
@@ -261,7 +270,9 @@ def _bwd_q(
     BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     # DO (B, h, N, e) by strides sd*, DQ (B, M, h, N, d) by tq*.
-    pid_m = tl.program_id(0)
+    # Causal: the last query blocks see the most keys; the GPU starts blocks in order of their index,
+    # so index 0 takes the last block: the longest first, the short ones fill the last wave.
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // heads
     head = pid_bh % heads

@@ -119,11 +119,12 @@ class Compiled:
 
 def candidates(shape: Shape) -> list[Launch]:
     """Every launch the chooser may try for `shape` (triton_configs.candidates), the backward_kv kernel
-    both as the single pass and as the deterministic path's first kernel."""
+    both as the single pass (where the op runs it: triton_op.single_pass) and as the deterministic path's
+    first kernel."""
     launches = [
         Launch("forward", False, c) for c in triton_configs.candidates("forward", shape.dtype, shape.v_width)
     ]
-    for atomic in (True, False):
+    for atomic in (True, False) if triton_op.single_pass(shape.v_width) else (False,):
         kv = triton_configs.candidates("backward_kv", shape.dtype, shape.v_width)
         launches += [Launch("backward_kv", atomic, c) for c in kv]
     launches += [

@@ -76,27 +76,45 @@ def bucket(seq_len: int) -> int:
     return min(max(1 << max(0, math.ceil(math.log2(max(seq_len, 1)))), 512), 16384)
 
 
-def candidates(kernel: str, dtype: torch.dtype, v_width: int) -> list[Config]:
-    """The configurations timed for `kernel` (ties go to the earlier).
+# (rows per query tile, rows per key tile, warps, stages) per kernel: 16-bit with V up to 128 wide, and
+# float32 (no TF32: twice the registers and shared memory per tile) or V wider. Each is a launch that
+# compiles for sm_90 with no spill in the forward and the single pass, no layout its warps duplicate, and
+# wgmma for every product of 64 rows or more (tests/components/test_triton_compiled.py compiles them all;
+# benchmarks/triton_sm90_after.md has their registers). Eight warps are two warp groups: a wgmma warp group
+# covers 64 rows, so 8 warps on a 64-row product compute it twice; they go with 128-row products, or with
+# 32-row tiles on mma.sync, which Triton splits by columns. The backward_kv kernel's products (but dQ) have
+# the key block's rows (triton_backward: S^T = K Q^T).
+NARROW = {
+    "forward": [(128, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2), (128, 64, 8, 3)],
+    "backward_kv": [(16, 128, 8, 2), (16, 64, 4, 2), (16, 128, 8, 3), (16, 64, 4, 3)],
+    "backward_q": [(128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 3)],
+}
+WIDE = {
+    "forward": [(32, 64, 8, 2), (16, 64, 8, 2), (32, 64, 8, 3)],
+    "backward_kv": [(64, 16, 8, 2), (64, 16, 8, 3)],
+    "backward_q": [(32, 64, 8, 2), (16, 64, 8, 2), (32, 64, 8, 3)],
+}
 
-    float32 (no TF32: float32 tiles take twice the registers and shared memory) and V wider than 128
-    keep to 32- and 64-row tiles. In 16 bits the forward starts from 128 x 64 (on an H200, Diff's core at
-    the `small` widths ran 1.38x faster at 2,048 tokens and 1.75x at 8,192 than with 64 x 64, the best
-    of 10 configurations timed for all three kernels at once: reports/gpu-h200/tune_triton.csv); the
-    backward kernels walk the other side and hold two float32 accumulators per map, so they try key
-    blocks (dK/dV) or query blocks (dQ) of 32 to 128 against 64-row tiles of the other side."""
+
+def candidates(kernel: str, dtype: torch.dtype, v_width: int) -> list[Config]:
+    """The configurations timed for `kernel` (ties go to the earlier): `NARROW` in 16 bits with V up to 128
+    wide, `WIDE` otherwise. In 16 bits the forward starts from 128 x 64 (on an H200, Diff's core at the
+    `small` widths ran 1.38x faster at 2,048 tokens and 1.75x at 8,192 than with 64 x 64, the best of 10
+    configurations timed for all three kernels at once: reports/gpu-h200/tune_triton.csv); the single
+    pass holds dK1, dK2 and dV for its key block (the block's rows x 4d float32 for Diff), so its query
+    tiles are short (16 rows) against 128 keys with 8 warps or 64 with 4; V wider than 128 takes the
+    two-kernel backward (triton_op.single_pass), whose dK/dV kernel walks 64-row query tiles against
+    16-row key blocks; the dQ kernel holds dQ1 and dQ2 only and takes query blocks of 64 or 128."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(KERNELS)}")
-    warps = 4 if v_width <= 64 else 8
-    if dtype == torch.float32 or v_width > 128:
-        tiles = [(32, 32), (64, 32), (32, 64)]
-    elif kernel == "forward":
-        tiles = [(128, 64), (64, 64), (128, 32), (64, 32)]
-    elif kernel == "backward_kv":  # (query tile, key block)
-        tiles = [(64, 64), (64, 32), (32, 64), (64, 128)]
-    else:  # backward_q: (query block, key tile)
-        tiles = [(64, 64), (32, 64), (128, 64), (64, 32)]
-    return [Config(m, n, warps, 2) for m, n in tiles] + [Config(*tiles[0], warps, 3)]
+    table = WIDE if dtype == torch.float32 or v_width > 128 else NARROW
+    return [Config(*c) for c in table[kernel]]
+
+
+def warps(rows: int) -> int:
+    """Warps for a launch whose products have `rows` rows (tiles a caller passes): two warp groups only
+    for 128 rows and more."""
+    return 8 if rows >= 128 else 4
 
 
 def do_bench(run: Callable[[], None]) -> float:

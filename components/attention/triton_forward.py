@@ -16,6 +16,31 @@ _MAX = tl.standard._elementwise_max
 _SUM = tl.standard._sum_combine
 
 
+def _softmax_pv(
+    acc, total, m, s, v_tile, visible, k_base, qk_scale,
+    PRECISION: tl.constexpr, DOT: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    # One map's online softmax over a tile of scores `s` (unscaled) and its product with V; `total` is the
+    # row sums l. The running maximum `m` moves only when some row's grows by more than 8 (in log2 units;
+    # FlashAttention-4's conditional rescaling): until then P = exp2(s - m) stays below 2^8, well inside
+    # float32 and bf16, and O and l share the stale maximum, so O / l and m + log2 l are what they would
+    # be. With the rescale under a branch, P V's accumulator is read only by the next P V: Triton leaves
+    # the product in flight (no wait after it), and the other map's softmax runs under it.
+    s = s * qk_scale
+    if MASKED:
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m, tl.reduce(s, 1, _MAX))
+    if tl.reduce(m_new - m, 0, _MAX) > 8.0:
+        alpha = tl.exp2(m - m_new)
+        acc = acc * alpha[:, None]
+        total = total * alpha
+        m = m_new
+    p = tl.exp2(s - m[:, None])
+    total = total + tl.reduce(p, 1, _SUM)
+    acc = tl.dot(p.to(k_base.dtype.element_ty).to(DOT), v_tile, acc, input_precision=PRECISION)
+    return acc, total, m
+
+
 def _fwd_tiles(
     acc1, l1, m1, acc2, l2, m2, q1, q2, k_base, v_base, lo, hi, offs_m,
     skm, skn, skd, svn, sve, n_ctx, width, v_width, qk_scale,
@@ -37,33 +62,24 @@ def _fwd_tiles(
         else:
             kt_mask = offs_d[:, None] < width
             v_mask = offs_e[None, :] < v_width
-        v_tile = tl.load(v_ptrs, mask=v_mask, other=0.0).to(DOT)
         k1t = tl.load(kt_ptrs, mask=kt_mask, other=0.0).to(DOT)
-        s1 = tl.dot(q1, k1t, input_precision=PRECISION) * qk_scale
+        s1 = tl.dot(q1, k1t, input_precision=PRECISION)
+        s2 = s1
+        if MAPS == 2:  # map 2's product before map 1's softmax, so that map 2's softmax runs under P1 V
+            k2t = tl.load(kt_ptrs + skm, mask=kt_mask, other=0.0).to(DOT)
+            s2 = tl.dot(q2, k2t, input_precision=PRECISION)
+        v_tile = tl.load(v_ptrs, mask=v_mask, other=0.0).to(DOT)
         if MASKED:
             visible = (offs_m[:, None] >= offs_n[None, :]) & col_ok[None, :]
-            s1 = tl.where(visible, s1, float("-inf"))
-        m1_new = tl.maximum(m1, tl.reduce(s1, 1, _MAX))
-        p1 = tl.exp2(s1 - m1_new[:, None])
-        alpha1 = tl.exp2(m1 - m1_new)
-        l1 = l1 * alpha1 + tl.reduce(p1, 1, _SUM)
-        acc1 = acc1 * alpha1[:, None] + tl.dot(
-            p1.to(k_base.dtype.element_ty).to(DOT), v_tile, input_precision=PRECISION
-        )
-        m1 = m1_new
+        else:
+            visible = 0  # every entry is seen
+        acc1, l1, m1 = _softmax_pv(
+            acc1, l1, m1, s1, v_tile, visible, k_base, qk_scale, PRECISION, DOT, MASKED
+        )  # fmt: skip
         if MAPS == 2:
-            k2t = tl.load(kt_ptrs + skm, mask=kt_mask, other=0.0).to(DOT)
-            s2 = tl.dot(q2, k2t, input_precision=PRECISION) * qk_scale
-            if MASKED:
-                s2 = tl.where(visible, s2, float("-inf"))
-            m2_new = tl.maximum(m2, tl.reduce(s2, 1, _MAX))
-            p2 = tl.exp2(s2 - m2_new[:, None])
-            alpha2 = tl.exp2(m2 - m2_new)
-            l2 = l2 * alpha2 + tl.reduce(p2, 1, _SUM)
-            acc2 = acc2 * alpha2[:, None] + tl.dot(
-                p2.to(k_base.dtype.element_ty).to(DOT), v_tile, input_precision=PRECISION
-            )
-            m2 = m2_new
+            acc2, l2, m2 = _softmax_pv(
+                acc2, l2, m2, s2, v_tile, visible, k_base, qk_scale, PRECISION, DOT, MASKED
+            )  # fmt: skip
     return acc1, l1, m1, acc2, l2, m2
 
 
@@ -77,7 +93,9 @@ def _fwd(
     MAPS: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
+    # Causal: the last query blocks see the most keys; the GPU starts blocks in order of their index,
+    # so index 0 takes the last block: the longest first, the short ones fill the last wave.
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // heads
     head = pid_bh % heads

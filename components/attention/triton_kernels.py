@@ -54,9 +54,9 @@ import triton
 
 from components.attention import triton_backward, triton_forward
 from components.attention.triton_backward import _bwd_delta, _bwd_kv, _bwd_kv_tiles, _bwd_q, _bwd_q_tiles
-from components.attention.triton_forward import _fwd, _fwd_tiles
+from components.attention.triton_forward import _fwd, _fwd_tiles, _softmax_pv
 
-_TILES = (_fwd_tiles, _bwd_kv_tiles, _bwd_q_tiles)  # called from the kernels
+_TILES = (_fwd_tiles, _softmax_pv, _bwd_kv_tiles, _bwd_q_tiles)  # called from the kernels
 _KERNELS = (_fwd, _bwd_delta, _bwd_kv, _bwd_q)
 _COMBINE = ("_MAX", "_SUM")  # Triton's own jit functions the kernels reduce with
 

@@ -20,7 +20,7 @@ k (B, M, h_kv, N, d), v (B, h_kv, N, e), lam a float32 0-dim tensor):
   and `inv` (its inverse RMS, (B, h, N) float32) for the backward; both are empty without it.
 - `ablate::triton_attention_backward(dout, q, k, v, lam, out, o2, lse, block_m, block_n, deterministic,
   inv, norm_weight, norm_factor) -> (dq, dk, dv, dlam, dweight)`: δ (after the norm's backward, when
-  there is one), then the single pass (dQ by float32 atomics) or the two kernels; dλ = -Σ δ2 and the
+  there is one), then the single pass (dQ by float32 atomics; V up to 128 wide) or the two kernels; dλ = -Σ δ2 and the
   norm weight's gradient summed here.
 """
 
@@ -38,6 +38,15 @@ from components.attention import triton_configs
 TRITON_MISSING = "attention_backend: triton needs the triton package (pip install 'ablate[triton]')"
 MAX_WIDTH = 256  # V's width (2d for differential attention): two float32 accumulators that wide per block
 BLOCK = 64  # the δ kernel's rows per program (tests pass tiles of their own to cross tiles at small sizes)
+# V wider than this takes the two-kernel backward: beside dK1, dK2 and dV (4d float32 per key row) the
+# single pass's dQ1 and dQ2 products spill on sm_90 in every tile tried (benchmarks/NOTES.md, "read by its
+# compiler"); the dK/dV kernel without them does not.
+SINGLE_PASS_V = 128
+
+
+def single_pass(v_width: int) -> bool:
+    """Whether the backward for V `v_width` wide may be the single pass (unless deterministic)."""
+    return v_width <= SINGLE_PASS_V
 
 
 @functools.cache
@@ -109,7 +118,8 @@ def _launch(
     CUDA the one `triton_configs` chose for the kernel, shape, dtype and GPU (timed with `launch` itself
     the first time)."""
     if block_m:
-        launch(block_m, block_n, _launch_options(q, width, v_width, block_m, block_n))
+        rows = block_n if kernel == "backward_kv" else block_m  # the rows of most of its products
+        launch(block_m, block_n, _warps(q, rows) | _launch_options(q, width, v_width, block_m, block_n))
         return
     if q.device.type != "cuda":
         config = triton_configs.INTERPRETED
@@ -148,10 +158,12 @@ def _launch_options(q: torch.Tensor, width: int, v_width: int, block_m: int, blo
         "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
         "DOT": tl.float32 if interpret and dtype == tl.bfloat16 else dtype,  # triton_kernels: `DOT`
     }
-    if not interpret:  # the interpreter takes no launch options
-        options["num_warps"] = 4 if _pow2(v_width) <= 64 else 8
-        options["num_stages"] = 2
     return options
+
+
+def _warps(q: torch.Tensor, rows: int) -> dict:
+    """The launch options of tiles a caller passes (the interpreter takes none)."""
+    return {} if q.device.type == "cpu" else {"num_warps": triton_configs.warps(rows), "num_stages": 2}
 
 
 def _kernels(device: torch.device):
@@ -264,7 +276,8 @@ def _backward(
     dlam = -delta[:, 1].sum() if maps == 2 else torch.zeros_like(lam)
     dk, dv = (torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (k, v))
     # The single pass adds dQ into float32 by atomics (their order varies: not bitwise reproducible);
-    # the deterministic pass writes it from a second kernel per query block.
+    # the deterministic pass writes it from a second kernel per query block, as V wider than 128 does.
+    deterministic = deterministic or not single_pass(v_width)
     dq = torch.empty(q.shape, dtype=q.dtype if deterministic else torch.float32, device=q.device)
     inputs = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
     sizes = (n, width, v_width, 1 / math.sqrt(width))
