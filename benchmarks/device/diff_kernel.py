@@ -48,7 +48,7 @@ def card_of(name: str) -> str | None:
 def core(kind: str, backend: str, batch: int, n: int, width: int, heads: int, dtype, device):
     """Inputs of one layer's core as its component makes them, and a step of forward + backward."""
     gen = torch.Generator().manual_seed(0)
-    backward = _backward_with_dense_grad()
+    backward = dense_backward()
 
     def leaf(*shape):
         return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype).requires_grad_()
@@ -69,7 +69,7 @@ def core(kind: str, backend: str, batch: int, n: int, width: int, heads: int, dt
     return lambda: backward(backends.diff_attend_maps(q, k, v, lam, backend=backend))
 
 
-def _backward_with_dense_grad():
+def dense_backward():
     """`backward(out)`: out's backward from a gradient of its own, dense and laid out as out (as the output
     projection's backward hands it), made once; `.sum().backward()` would hand an expanded tensor of
     stride 0, whose reads all hit one cached line."""

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from diff_kernel import core  # noqa: E402  benchmarks/device/diff_kernel.py (part t)
+from diff_kernel import core, dense_backward  # noqa: E402  benchmarks/device/diff_kernel.py (part t)
 
 from ablate.hardware.device import device_ops, median_ms  # noqa: E402
 from components.attention import triton_op  # noqa: E402
@@ -51,7 +51,8 @@ def config_ms(ops, q, k, v, lam, config: tuple[int, int, int, int], rounds: int)
 
     triton_op._launch_options = options
     try:
-        step = lambda: torch.ops.ablate.triton_attention(q, k, v, lam, block_m, block_n)[0].sum().backward()  # noqa: E731
+        backward = dense_backward()
+        step = lambda: backward(torch.ops.ablate.triton_attention(q, k, v, lam, block_m, block_n)[0])  # noqa: E731
         return median_ms(ops, step, rounds)
     finally:
         triton_op._launch_options = launch
