@@ -73,7 +73,12 @@ def export_model(
     model = model.float().eval()
     mapped = convert.to_builtin(model, max_positions=max_positions)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(
+            f"--out: cannot make the folder {out} ({e.strerror}); give a writable folder"
+        ) from None
     eos_id = tokenizer.token_to_id(eos)
     if isinstance(mapped, convert.Mapped):
         hf_model = _builtin(mapped, eos_id)

@@ -150,12 +150,13 @@ def _count(name: str, value: int, least: int) -> int:
 def run_downstream(recipe: Recipe, stores: Stores, settings: Any, *, scale: str, reports: Path) -> Path:
     """Score every finished run of the study on the downstream tasks (each run once per settings), log them
     to the runs, and write the downstream table; returns its CSV."""
-    try:
-        from ablate.hf import downstream as ds
-    except ImportError as e:
+    import importlib.util
+
+    if missing := [m for m in ("lm_eval", "transformers") if importlib.util.find_spec(m) is None]:
         raise UserError(
-            f"eval: --downstream needs the eval extra ({e.name} is missing): pip install 'ablate[eval]'"
-        ) from None
+            f"eval: --downstream needs the eval extra ({', '.join(missing)} missing): pip install 'ablate[eval]'"
+        )
+    from ablate.hf import downstream as ds
     from ablate.hf.downstream_table import table_rows, write_table
     from ablate.hf.runs import ablate_tokenizer, with_branches
     from ablate.probes.run import finished_runs, load_model

@@ -234,3 +234,10 @@ def test_a_component_no_loader_can_import_is_refused_naming_it(tmp_path):
         _export(model, tmp_path)
     assert "\n" not in str(err.value)
     assert not (tmp_path / "config.json").exists()
+
+
+def test_an_out_folder_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "taken").write_text("a file, not a folder")
+    with pytest.raises(UserError, match=r"^--out: cannot make the folder .*taken/hf") as err:
+        _export(_model("softmax"), tmp_path / "taken" / "hf")
+    assert "\n" not in str(err.value)
