@@ -6,12 +6,17 @@ Here each query block walks its K/V tiles once, keeps the online-softmax statist
 the shared V tile with both maps, and writes (A1 - λ A2) V once. With one map (`MAPS = 1`) it is plain
 causal softmax attention, so the Transformer arm can be timed on the same code.
 
-- forward (`_fwd`): per (query block, batch, head): O = O1 - λ O2 with O_m = A_m V, O2 (for the
-  backward), and each map's log-sum-exp of the scaled scores (natural log, float32).
+- forward (`_fwd`): per (query block, batch, head; the longest causal blocks first): O = O1 - λ O2 with
+  O_m = A_m V, O2 (for the backward), and each map's log-sum-exp of the scaled scores (natural log,
+  float32). Both maps' score products are issued before either softmax, and each map's running maximum
+  is rescaled only when it grows by more than 2^8 (`_softmax_pv`), so P V stays in flight on the GPU
+  while the other map's exponentials run.
 - backward: with δ1 = rowsum(dO · O1) = rowsum(dO · O) + λ δ2 and δ2 = rowsum(dO · O2) (`_bwd_delta`;
   the caller sums dλ = -Σ δ2), both maps are recomputed per tile from the log-sum-exp: P_m = exp(S_m - lse_m),
   dP = dO V^T (shared), dS1 = P1 (dP - δ1), dS2 = -λ P2 (dP - δ2), dV = (P1 - λ P2)^T dO.
-  Single pass (FlashAttention-2's structure, `_bwd_kv` with ATOMIC): per key block and kv head, looping
+  `_bwd_kv` walks transposed tiles (S^T = K Q^T, as Triton's fused-attention tutorial), so dV and dK
+  read P^T and dS^T from registers. Single pass (FlashAttention-2's structure, `_bwd_kv` with ATOMIC; V up to
+  128 wide, wider takes the deterministic path): per key block and kv head, looping
   over the group's query heads and their query tiles once, it writes dK1, dK2, dV and adds each tile's
   dQ1 = dS1 K1, dQ2 = dS2 K2 into a float32 buffer by atomic adds (the caller casts it). Their order
   varies on the GPU, so the sums are not bitwise reproducible: the deterministic path is `_bwd_kv`
