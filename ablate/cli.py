@@ -144,6 +144,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ablate: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug keeps its traceback; a store its disk refused a write is one line
+        from ablate.store.write_failure import store_write_failure
+
+        failure = store_write_failure(e)
+        if failure is None:
+            raise
+        print(f"ablate: error: {failure}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
