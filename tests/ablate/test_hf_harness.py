@@ -60,9 +60,9 @@ def write_task(folder: Path, name: str = "tiny_mc", n: int = 10, seed: int = 0) 
     return folder
 
 
-def _model(seed: int = 0):
+def _model(seed: int = 0, attention: str = "softmax"):
     cfg = {
-        "vocab_size": 257, "d_model": 32, "n_layers": 2, "head_dim": 4, "attention": "softmax",
+        "vocab_size": 257, "d_model": 32, "n_layers": 2, "head_dim": 4, "attention": attention,
         "attention_backend": "math", "zero_init_residual": False,
     }  # fmt: skip
     return build_model(cfg, seed=seed).eval()
@@ -77,12 +77,13 @@ def _evaluate(lm, manager, task: str = "tiny_mc"):
     return out["results"][task], out["samples"][task]
 
 
-def test_ablates_harness_model_and_the_harness_hf_model_agree(tmp_path):
+@pytest.mark.parametrize("attention", ["softmax", "diff"])  # Llama and DiffLlama in the harness's hf model
+def test_ablates_harness_model_and_the_harness_hf_model_agree(tmp_path, attention):
     from lm_eval.models.huggingface import HFLM
 
     from ablate.hf.harness import AblateLM
 
-    model = _model()
+    model = _model(attention=attention)
     export_model(model, tmp_path / "hf", tokenizer=byte_tokenizer(), eos=EOD_TEXT, max_positions=128)
     manager = load_tasks(
         DownstreamSettings(tasks=("tiny_mc",), task_folder=str(write_task(tmp_path / "tasks")))
