@@ -56,6 +56,9 @@ class PairedDiff:
     n_excluded: int = 0  # common seeds dropped because one side is NaN
     unpaired: tuple = ()  # seeds present on one side only
     level: float = 0.95
+    sd: float = math.nan  # how much one seed moves it: the per-seed differences' sample standard deviation
+    smallest: float = math.nan  # the per-seed differences' smallest and largest
+    largest: float = math.nan
 
 
 def diff_columns(d: PairedDiff | None) -> dict[str, float]:
@@ -148,14 +151,19 @@ def paired_difference(
     d, n_bad = _finite(float(a[s]) - float(b[s]) for s in common)
     mean, lo, hi, se = _t_interval(d, level)
     n = int(d.size)
+    spread = {
+        "sd": float(d.std(ddof=1)) if n >= 2 else math.nan,
+        "smallest": float(d.min()) if n else math.nan,
+        "largest": float(d.max()) if n else math.nan,
+    }
     if n < 2:
-        return PairedDiff(mean, math.nan, math.nan, n, math.nan, False, n_bad, unpaired, level)
+        return PairedDiff(mean, math.nan, math.nan, n, math.nan, False, n_bad, unpaired, level, **spread)
     if se == 0.0:  # identical differences on every seed: no spread to test against
         p = 1.0 if mean == 0.0 else 0.0
     else:
         p = float(2.0 * _st.t.sf(abs(mean) / se, n - 1))
     significant = bool(lo > 0.0 or hi < 0.0)
-    return PairedDiff(mean, lo, hi, n, p, significant, n_bad, unpaired, level)
+    return PairedDiff(mean, lo, hi, n, p, significant, n_bad, unpaired, level, **spread)
 
 
 def holm(p_values: list[float], alpha: float = 0.05) -> list[bool]:

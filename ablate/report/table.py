@@ -216,7 +216,8 @@ def summary_rows(
     ctx: SweepContext, records: list[RunRecord], family: tuple[dict, int] | None = None
 ) -> list[dict[str, Any]]:
     """The table's cells as numbers (summary.csv): per row, each metric's mean and 95% Student-t interval
-    over seeds, the paired difference to the first row with its p-value, and whether it survives Holm's
+    over seeds, the paired difference to the first row with its p-value and its spread over seeds
+    (`spread_columns`), and whether it survives Holm's
     correction over the table's comparisons, or over `family`'s (ablate.report.holm_family)."""
     order = list(ctx.recipe.variants)
     diffs = row_diffs(order, records)
@@ -245,6 +246,7 @@ def summary_rows(
             row.update(
                 {
                     **stats.diff_columns(d),
+                    **spread_columns(d),
                     "holm_survives": ""
                     if (size, variant) not in survives
                     else str(survives[(size, variant)]).lower(),
@@ -252,6 +254,16 @@ def summary_rows(
             )
             rows.append(row)
     return rows
+
+
+def spread_columns(d: Any) -> dict[str, float]:
+    """How much one seed moves a row's paired difference (summary.csv): the per-seed differences' sample
+    standard deviation, smallest and largest (NaN for the first row)."""
+    return {
+        "diff_seed_sd": d.sd if d else math.nan,
+        "diff_seed_min": d.smallest if d else math.nan,
+        "diff_seed_max": d.largest if d else math.nan,
+    }
 
 
 def paper_rows(ctx: SweepContext) -> list[dict[str, Any]]:

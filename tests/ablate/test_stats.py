@@ -86,6 +86,20 @@ def test_paired_difference_nan_seed_is_dropped_and_counted():
     assert d.n == 3 and d.n_excluded == 1
 
 
+def test_paired_difference_says_how_much_one_seed_moves_it():
+    rng = np.random.default_rng()
+    a = {seed: float(v) for seed, v in enumerate(rng.normal(3.8, 0.05, size=6))}
+    b = {seed: float(v) for seed, v in enumerate(rng.normal(3.75, 0.05, size=6))}
+    d = paired_difference(a | {9: 1.0}, b)  # seed 9 has no pair and counts in no spread
+    per_seed = [a[s] - b[s] for s in range(6)]  # by hand, in float64
+    mean = sum(per_seed) / 6
+    sd = math.sqrt(sum((x - mean) ** 2 for x in per_seed) / 5)
+    assert d.sd == pytest.approx(sd, rel=1e-12)
+    assert d.smallest == min(per_seed) and d.largest == max(per_seed)
+    one = paired_difference({0: 3.0}, {0: 2.5})
+    assert math.isnan(one.sd) and one.smallest == one.largest == 0.5
+
+
 def test_paired_difference_with_one_pair_is_not_significant():
     d = paired_difference({0: 3.0, 1: 3.1}, {0: 2.0})
     assert d.n == 1 and not d.significant
