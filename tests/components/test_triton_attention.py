@@ -131,6 +131,35 @@ def test_diff_kernel_with_unequal_tiles(block_m, block_n, dtype):
     check_diff_kernel((1, 2, 1, 50, 16), dtype, block_m, block_n, deterministic=True)
 
 
+@pytest.mark.parametrize("growth", [0.3, 1.0])
+def test_scores_rising_along_the_keys(growth):
+    """The forward moves a map's running maximum only when some row's grows by more than 8 in base 2
+    (triton_forward._softmax_pv): scores that rise by `growth` per key (about 7 or 23 in base 2 per tile
+    of 16 keys) take the branch on some tiles and keep the stale maximum on others; output, log-sum-exp
+    and gradients against float64."""
+    gen = torch.Generator().manual_seed(11)
+    batch, heads, n, d = 1, 2, 50, 16
+    direction = torch.randn(d, generator=gen)
+    direction = direction / direction.norm()
+    ramp = growth * torch.arange(n, dtype=torch.float32)[:, None] * direction  # score q·k_j/√d ≈ growth j
+    q = (0.3 * torch.randn(batch, 2, heads, n, d, generator=gen) + math.sqrt(d) * direction).requires_grad_()
+    k = (0.3 * torch.randn(batch, 2, heads, n, d, generator=gen) + ramp).requires_grad_()
+    v = torch.randn(batch, heads, n, 2 * d, generator=gen).requires_grad_()
+    lam = torch.tensor(0.63, requires_grad=True)
+    out, _, lse, *_ = torch.ops.ablate.triton_attention(q, k, v, lam, BLOCK, BLOCK)
+    grad = torch.randn(out.shape, generator=gen)
+    out.backward(grad)
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v, lam)]
+    expected = diff64(ref[0][:, 0], ref[0][:, 1], ref[1][:, 0], ref[1][:, 1], ref[2], ref[3])
+    expected.backward(grad.double())
+    tol = TOLERANCE[torch.float32]
+    assert rel(out, expected.detach()) < tol
+    for m in range(2):
+        assert rel(lse[:, m], lse64(ref[0][:, m], ref[1][:, m])) < 1e-6
+    for name, actual, wanted in [("dQ", q, ref[0]), ("dK", k, ref[1]), ("dV", v, ref[2])]:
+        assert rel(actual.grad, wanted.grad) < tol, name
+
+
 def test_a_wrong_formula_fails_the_check():
     """Broken on purpose: against Eq. 1 with λ's sign flipped, the same comparison fails, for the
     output and for the gradients λ reaches."""
