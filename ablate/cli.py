@@ -21,16 +21,18 @@ from typing import Any
 
 from jsonargparse import ArgumentParser
 
-from ablate.core.argv import REQUIRED, VerbParser, add_options, dataclass_options, one_line
+from ablate.core.argv import VerbParser, add_options, one_line
 from ablate.core.errors import UserError
+from ablate.store.write_failure import store_write_failure
 from ablate.verbs.bench import bench
 from ablate.verbs.check import check
 from ablate.verbs.components import components
 from ablate.verbs.eval import evaluate
 from ablate.verbs.export import export
 from ablate.verbs.fit import fit
-from ablate.verbs.options import DEFAULT_WORKSPACE, print_resolved, verb_options
+from ablate.verbs.options import print_resolved, verb_options
 from ablate.verbs.prepare import prepare
+from ablate.verbs.recipe_help import add_recipe_help
 from ablate.verbs.report import report
 from ablate.verbs.server import server
 from ablate.verbs.status import status
@@ -38,8 +40,6 @@ from ablate.verbs.sweep import sweep
 from ablate.verbs.train import train
 from ablate.verbs.ui import ui
 from ablate.verbs.worker import worker
-
-__all__ = ["DEFAULT_WORKSPACE", "VERBS", "main", "parse_args"]
 
 VERBS: dict[str, Callable[..., int]] = {
     **{"components": components, "check": check, "train": train, "sweep": sweep, "worker": worker},
@@ -81,33 +81,6 @@ def build_parser(verb: str | None = None) -> tuple[ArgumentParser, VerbParser | 
     return parser, chosen
 
 
-def add_recipe_help(parser: VerbParser) -> None:
-    """The recipe's base.* options, with their types and defaults, for --help (given, they are overrides)."""
-    from ablate.core.registry import Spec
-    from ablate.data.config import DataConfig
-    from ablate.model.config import ModelConfig
-    from ablate.train.config import TrainConfig
-
-    for section, cls in (("model", ModelConfig), ("train", TrainConfig), ("data", DataConfig)):
-        group = parser.add_argument_group(
-            f"recipe options: base.{section} (dotted overrides, applied to every run; "
-            f"also --variants.KEY.{section}.OPTION)"
-        )
-        for o in dataclass_options(cls):
-            note = " (required in the recipe)" if o.default is REQUIRED else ""
-            note += " (a component spec: name, {name: ..., <options>} or class_path/init_args)" * (
-                o.hint == Spec
-            )
-            default = None if o.default is REQUIRED else o.default
-            group.add_argument(
-                f"--base.{section}.{o.name}",
-                type=o.hint,
-                default=default,
-                metavar="VALUE",
-                help=o.help + note,
-            )
-
-
 def parse_args(argv: Sequence[str]) -> tuple[str, dict[str, Any], list, bool]:
     """argv -> (verb, its keyword arguments, recipe overrides as (dotted key, value), print_config)."""
     verb = next((a for a in argv if not a.startswith("-")), None)  # the one subcommand built in full
@@ -138,16 +111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "overrides" in inspect.signature(VERBS[verb]).parameters:
             values["overrides"] = overrides
         return VERBS[verb](**values) or 0
-    except UserError as e:
-        print(f"ablate: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("ablate: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # a bug keeps its traceback; a store its disk refused a write is one line
-        from ablate.store.write_failure import store_write_failure
-
-        failure = store_write_failure(e)
+    except (
+        Exception
+    ) as e:  # a UserError, or a write the store's disk refused, is one line; a bug its traceback
+        failure = e if isinstance(e, UserError) else store_write_failure(e)
         if failure is None:
             raise
         print(f"ablate: error: {failure}", file=sys.stderr)

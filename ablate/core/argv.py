@@ -20,6 +20,8 @@ import argparse
 import contextlib
 import dataclasses
 import inspect
+import json
+import math
 import re
 import typing
 from collections.abc import Callable
@@ -182,3 +184,22 @@ def one_line(verb: str | None, message: str, options: list[Option]) -> str:
         return f"ablate {verb}: {', '.join(shown)} required{see}"
     message = " ".join(message.split()).replace("unrecognized arguments:", "unexpected arguments")
     return f"ablate{' ' + verb if verb else ''}: {message}{see}"
+
+
+def override_argv(overrides: list) -> list[str]:
+    """The overrides as `--key=value` words (a printed worker command, a local worker's arguments) that
+    `ablate.recipe.resolve.parse_overrides` reads back as the same values (override_text)."""
+    return [f"--{key}={override_text(value)}" for key, value in overrides]
+
+
+def override_text(value: Any) -> str:
+    """`value` as YAML flow text that the overrides' YAML reader loads back equal: JSON's text for what JSON
+    writes as YAML reads it (strings quoted, so `"3e-4"` or `"yes"` stays a string), and YAML's `.inf`,
+    `-.inf` and `.nan` for what JSON would write as `Infinity` and `NaN` (YAML reads those as strings)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{override_text(k)}: {override_text(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(override_text(v) for v in value) + "]"
+    return json.dumps(value)

@@ -10,14 +10,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import json
 import math
 import re
 import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ablate.core.argv import Option
+from ablate.core.argv import Option, override_argv
 from ablate.core.errors import UserError
 from ablate.core.workspace import Workspace
 
@@ -192,7 +191,6 @@ GRACE_HEARTBEATS = 3
 
 def grace_period_checked(seconds: float) -> float:
     """`--grace-period`: a finite number of seconds, at least GRACE_HEARTBEATS heartbeats; else one line."""
-    import math
 
     from ablate.sweep.queue import HEARTBEAT_SECONDS
 
@@ -239,22 +237,3 @@ def print_ui_link(ctx: SweepContext, opts: Shared) -> None:
     served = uri if uri.startswith("http") else "http://127.0.0.1:5000"
     url = sweep_runs_url(ctx.stores, ctx.recipe.name, ctx.scale, served) or served
     print(f"MLflow UI: {ui}  -> {url}")
-
-
-def override_argv(overrides: list) -> list[str]:
-    """The overrides as `--key=value` words (a printed worker command, a local worker's arguments) that
-    `ablate.recipe.resolve.parse_overrides` reads back as the same values (override_text)."""
-    return [f"--{key}={override_text(value)}" for key, value in overrides]
-
-
-def override_text(value: Any) -> str:
-    """`value` as YAML flow text that the overrides' YAML reader loads back equal: JSON's text for what JSON
-    writes as YAML reads it (strings quoted, so `"3e-4"` or `"yes"` stays a string), and YAML's `.inf`,
-    `-.inf` and `.nan` for what JSON would write as `Infinity` and `NaN` (YAML reads those as strings)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{override_text(k)}: {override_text(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(override_text(v) for v in value) + "]"
-    return json.dumps(value)

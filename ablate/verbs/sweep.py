@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ablate.core.argv import override_argv
 from ablate.core.errors import UserError
 from ablate.core.tables import format_seconds, si
 from ablate.verbs.options import (
     Shared,
     launcher_start,
-    override_argv,
     print_ui_link,
     shared,
     sweep_context,

@@ -147,8 +147,8 @@ def test_a_printed_worker_command_reads_back_every_value_it_prints(tmp_path, cap
     and NaN as floats, where JSON's `Infinity` and `NaN` read back as strings (no recipe key takes them,
     so they are read back without a sweep)."""
     from ablate.cli import parse_args
+    from ablate.core.argv import override_argv
     from ablate.recipe.resolve import parse_overrides
-    from ablate.verbs.options import override_argv
 
     recipe = write_recipe(tmp_path)
     workspace = tmp_path / "ws"
