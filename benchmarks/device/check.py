@@ -13,7 +13,7 @@ the project needs (`versions.json`). It then installs what is missing or too old
 that took, and plans the parts in the time left (`PARTS`: each its share, the last the rest), each in a
 child process held to its box, so a part that fails or overruns loses nothing the others wrote:
 
-  a  every attention kind and backend on the device against float64 (benchmarks/device/kernels.py)
+  a  every attention kind and backend on the device against float64 (benchmarks/device/backend_check.py)
   b  `ablate bench` at the `small` scale, sequences 1024, 2048, 4096: tokens/s, peak memory, MFU
   c  the `small` Transformer and Diff in bf16-mixed through `ablate train`, logged to MLflow
   t  the `triton` backend's fused kernel against float64, then timed against split V and the Transformer
@@ -90,7 +90,7 @@ class Part(NamedTuple):
 # torch.compile, two cold compiles of 18.4 s each a path (part e's, the Transformer's assumed alike).
 KERNEL_CHOICE_S = 10  # an arm's `triton` launch choices in part c, assumed (8 Triton compiles, 10 timings)
 PARTS = {
-    "a": Part("attention kernels against float64", "kernels:main", 28, False,
+    "a": Part("attention kernels against float64", "backend_check:main", 28, False,
               "88 checks of 2 kinds x 11 backends x 2 dtypes x 2 kv-head counts; 2 x 8 timings", 25),
     "b": Part("`ablate bench`, `small`, seq 1024-4096", "runs:bench", 35, False,
               "2 variants x 3 lengths x 3 rounds of 16,384 tokens", 31),

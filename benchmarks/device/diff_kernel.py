@@ -1,7 +1,7 @@
 """Part (t) of the device check: the `triton` backend's fused kernel (components/attention/triton_kernels.py)
 on the device, checked, then timed against what Diff runs without it and against the Transformer.
 
-1. `t_kernel.csv`: the kernel against float64 (`kernels.check_one`, the formulas of part a): Diff (two
+1. `t_kernel.csv`: the kernel against float64 (`backend_check.check_one`, the formulas of part a): Diff (two
    maps) and softmax (one), float32 and bf16, all heads and grouped kv heads, a sequence that ends inside
    a tile; the output's and the largest gradient's relative error (q, k, v, λ), pass/FAIL.
 2. `t_bench.csv`: median ms of one forward + backward of one layer's attention core at the `small`
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
-from kernels import Rows, check_one, write_device  # benchmarks/device/kernels.py (part a)
+from backend_check import Rows, check_one, write_device  # benchmarks/device/backend_check.py (part a)
 
 from ablate.hardware.device import device_ops, median_ms
 from components.attention import backends

@@ -193,9 +193,9 @@ def cli(*args: str, log: Path, check: bool = True) -> int:
 
 def bench(ctx) -> None:
     """(b) `ablate bench` at the `small` scale, sequences 1024, 2048 and 4096: tokens/s, memory, MFU."""
-    import kernels
+    import backend_check
 
-    kernels.write_device(ctx.out, ctx.device)  # the card's name, for MFU against its spec peak
+    backend_check.write_device(ctx.out, ctx.device)  # the card's name, for MFU against its spec peak
     if ctx.dry:
         args = [str(ctx.recipe), "--scale", "train-small", "--seq-lens", "16", "32", "--rounds", "1",
                 "--tokens-per-step", "64", "--peak-budget-s", "0.2", "--peak-max-size", "128"]  # fmt: skip

@@ -16,7 +16,7 @@ MEANINGS = """\
 - `a_kernels.csv`: per attention kind (softmax, diff), backend, dtype and kv-head count (all heads, or
   half: grouped-query attention), the relative Frobenius error `|x - x64| / |x64|` of the output and the
   largest over the gradients (q, k, v and, for diff, λ) against float64 formulas written in
-  `benchmarks/device/kernels.py`, on random inputs (2 sequences of `seq`, heads `width` wide; diff's V is
+  `benchmarks/device/backend_check.py`, on random inputs (2 sequences of `seq`, heads `width` wide; diff's V is
   2 x `width`). Tolerance: 2e-4 in float32, 3e-2 in bfloat16 (inputs rounded to bf16 first, so the
   reference sees the same numbers). `resolved`: the core `auto` (or the name) runs there; `sdpa_ops`: the
   SDPA operators that ran, which name the fused kernel (flash, efficient, cudnn, or the CPU's flash

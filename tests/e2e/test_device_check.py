@@ -317,22 +317,22 @@ def test_lambdas_gradient_is_measured_against_its_sums_rounding_and_still_catche
 
     sys.path.insert(0, str(CHECK.parent))
     try:
-        import kernels
+        import backend_check
     finally:
         sys.path.remove(str(CHECK.parent))
     cpu = torch.device("cpu")
-    row = kernels.check_one("diff", "math", torch.bfloat16, 2, cpu, 256, 64, 4)
+    row = backend_check.check_one("diff", "math", torch.bfloat16, 2, cpu, 256, 64, 4)
     assert row["status"] == "pass", row
-    q, k, v, lam = kernels.inputs("diff", 256, 64, 4, 2, torch.float64, cpu)
+    q, k, v, lam = backend_check.inputs("diff", 256, 64, 4, 2, torch.float64, cpu)
     wide = [t.detach() for t in (q, k, v)]
-    expected = kernels.reference("diff", *wide, lam)
+    expected = backend_check.reference("diff", *wide, lam)
     grad_out = torch.randn(expected.shape, generator=torch.Generator().manual_seed(1)).double()
     (want,) = torch.autograd.grad(expected, [lam], grad_out)
     assert abs(want.item()) < 0.05 * grad_out.norm().item()  # the cancelling case
     bf16_like = want * (1 + 2**-8)
-    assert kernels.lambda_grad_err(bf16_like, want, wide, grad_out) < 1e-4
-    flipped = kernels.lambda_grad_err(-want, want, wide, grad_out)
-    assert flipped > kernels.TOLERANCE[torch.bfloat16], flipped
+    assert backend_check.lambda_grad_err(bf16_like, want, wide, grad_out) < 1e-4
+    flipped = backend_check.lambda_grad_err(-want, want, wide, grad_out)
+    assert flipped > backend_check.TOLERANCE[torch.bfloat16], flipped
 
 
 def test_the_cost_models_refit_recovers_a_known_line_and_fits_the_h200s_cores():
