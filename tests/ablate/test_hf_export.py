@@ -70,6 +70,17 @@ def _same_logits(model, folder: Path, *, remote: bool) -> None:
     assert ours.std().item() > 0.01  # a model that computes something, not all-zero logits
 
 
+# μP with CompleteP's depth rule at a base smaller than the model: its multipliers are folded into the export.
+MUP = {
+    "parametrization": {
+        "name": "mup",
+        "base_d_model": 16,
+        "base_head_dim": 2,
+        "base_n_layers": 1,
+        "depth": "completep",
+    }
+}
+
 TRANSFORMERS = {
     "mha, interleaved rope": ("softmax", {}),
     "gqa, rotate_half rope, tied": (
@@ -78,15 +89,7 @@ TRANSFORMERS = {
     ),
     "wide heads, mup": (
         {"name": "softmax", "head_dim_mult": 2},
-        {
-            "parametrization": {
-                "name": "mup",
-                "base_d_model": 16,
-                "base_head_dim": 2,
-                "base_n_layers": 1,
-                "depth": "completep",
-            }
-        },
+        MUP,
     ),
 }
 
@@ -111,15 +114,7 @@ DIFFS = {
     ),
     "mup": (
         "diff",
-        {
-            "parametrization": {
-                "name": "mup",
-                "base_d_model": 16,
-                "base_head_dim": 2,
-                "base_n_layers": 1,
-                "depth": "completep",
-            }
-        },
+        MUP,
     ),
 }
 
