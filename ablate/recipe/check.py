@@ -12,6 +12,7 @@ from typing import Any
 
 from ablate.core import contract, registry
 from ablate.core.tables import markdown_table, si
+from ablate.hardware.precision import choose_precision
 from ablate.model.config import ModelConfig
 from ablate.model.cost import Cost, attention_shape, model_cost, relative_deviation
 from ablate.model.memory import GB, memory_plan
@@ -206,8 +207,22 @@ def mup_notes(costs: list[VariantCost]) -> list[str]:
 
 # The card a plan is held against where this machine has none: 80 GB (an H100 or A100).
 PLAN_GPU_BYTES = 80 * GB
-# `precision: auto` as a GPU with bf16 trains it (ablate.hardware.precision.choose_precision).
-PLAN_AUTO_PRECISION = "bf16-mixed"
+
+
+class _PlannedCard:
+    """That card as `ablate.hardware.precision.choose_precision` asks of a CUDA device: it runs bf16."""
+
+    @staticmethod
+    def is_bf16_supported() -> bool:
+        return True
+
+
+def planned_precision(requested: str, gpu_present: bool) -> str:
+    """The precision a run of `requested` takes on the card of the plan: this machine's GPU, or else the
+    80 GB card (decided where every run's precision is, `choose_precision`)."""
+    return choose_precision(
+        requested, "cuda", key="train.precision", cuda=None if gpu_present else _PlannedCard
+    )[0]
 
 
 def memory_lines(costs: list[VariantCost], gpu_bytes: float | None = None) -> tuple[list[str], list[str]]:
@@ -216,8 +231,7 @@ def memory_lines(costs: list[VariantCost], gpu_bytes: float | None = None) -> tu
     limit = PLAN_GPU_BYTES if gpu_bytes is None else gpu_bytes
     lines, too_large = [], []
     for c in costs:
-        precision = c.run.train.precision
-        precision = PLAN_AUTO_PRECISION if precision == "auto" else precision
+        precision = planned_precision(c.run.train.precision, gpu_bytes is not None)
         plan = memory_plan(
             c.run.model,
             precision=precision,

@@ -166,14 +166,14 @@ def memory_report(costs: list[VariantCost]) -> str:
     """The memory table `ablate check` and a sweep's plan print: each row on one device, every device
     holding the whole model (DDP)."""
     from ablate.hardware.device import gpu_memory_bytes
-    from ablate.recipe.check import PLAN_AUTO_PRECISION, memory_lines
+    from ablate.recipe.check import memory_lines
 
     gpu = gpu_memory_bytes()
     rows, too_large = memory_lines(costs, gpu)
     where = f"this machine's {gpu / 1e9:.0f} GB GPU" if gpu else "an 80 GB card (no GPU here)"
     lines = [
-        f"memory per device, every device holding the whole model (DDP), against {where} (precision auto "
-        f"planned as {PLAN_AUTO_PRECISION}; activations as this machine runs the attention backend):",
+        f"memory per device, every device holding the whole model (DDP), against {where} (each row in the "
+        "precision a run takes on that card; activations as this machine runs the attention backend):",
         *rows,
     ]
     if too_large:
