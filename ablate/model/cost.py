@@ -77,8 +77,8 @@ def model_cost(config: ModelConfig | dict | MetaBlocks, seq_len: int) -> Cost:
 def _block_cost(
     block: nn.Module, seq_len: int, d_model: int
 ) -> tuple[dict[str, tuple[int, float]], set[str]]:
-    """{component name: (parameters, forward FLOPs at seq_len)} of one block (what it holds besides its
-    components counts as its own entry), and the kinds whose FLOPs were counted automatically."""
+    """{component name: (parameters, forward FLOPs at seq_len)} of one block (a `Block` holds no parameter
+    of its own), and the kinds whose FLOPs were counted automatically."""
     out, counted = {}, set()
     for name in ("attn_norm", "attention", "ffn_norm", "ffn"):
         module = getattr(block, name)
@@ -86,8 +86,6 @@ def _block_cost(
         out[name] = (sum(p.numel() for p in module.parameters()), value)
         if how == "counted":
             counted.add(_KIND[name])
-    own = sum(p.numel() for p in block.parameters()) - sum(p for p, _ in out.values())
-    out["block"] = (own, 0)
     return out, counted
 
 
@@ -97,7 +95,6 @@ _KIND = {
     "final_norm": "norm",
     "attention": "attention",
     "ffn": "ffn",
-    "block": "block",
 }
 
 
