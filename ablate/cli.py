@@ -96,7 +96,7 @@ def parse_args(argv: Sequence[str]) -> tuple[str, dict[str, Any], list, bool]:
         raise UserError(one_line(verb, str(e), options)) from None
     given = namespace[namespace.verb]
     values = {o.name: given[o.name] for o in options if o.name in given}
-    from ablate.recipe.resolve import parse_overrides
+    from ablate.recipe.loading import parse_overrides
 
     overrides = parse_overrides(sub.overrides) if sub.overrides else []
     return namespace.verb, values, overrides, bool(given.get("print_config"))

@@ -35,7 +35,7 @@ from ablate.bench.measure import Arm, ForeignCpu, forward_step, timed, train_ste
 from ablate.hardware.allocator import tune_glibc_malloc
 from ablate.hardware.device import CpuOps
 from ablate.model.decoder import build_model
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.train.choices.timed_step import TimedStep
 from ablate.train.optimizer import for_run
 from components.attention import backends

@@ -26,7 +26,7 @@ from ablate.hardware.allocator import tune_glibc_malloc
 from ablate.hardware.device import cpu_name, device_ops
 from ablate.hardware.precision import choose_precision
 from ablate.model.decoder import attention_kernel
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.train.choices.timed_step import build_step
 from ablate.train.module import compile_seconds
 

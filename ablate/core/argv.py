@@ -78,7 +78,7 @@ OVERRIDE = Override(option_strings=[], dest="overrides", nargs="?")
 
 class VerbParser(ArgumentParser):
     """One verb's parser; with `takes_overrides`, what its options do not name is kept in `overrides`
-    (tokens for ablate.recipe.resolve.parse_overrides) and `more_help(parser)` adds to its --help."""
+    (tokens for ablate.recipe.loading.parse_overrides) and `more_help(parser)` adds to its --help."""
 
     def __init__(self, *args, takes_overrides: bool, more_help: Callable | None = None, **kwargs) -> None:
         super().__init__(*args, exit_on_error=False, print_config=None, **kwargs)
@@ -188,7 +188,7 @@ def one_line(verb: str | None, message: str, options: list[Option]) -> str:
 
 def override_argv(overrides: list) -> list[str]:
     """The overrides as `--key=value` words (a printed worker command, a local worker's arguments) that
-    `ablate.recipe.resolve.parse_overrides` reads back as the same values (override_text)."""
+    `ablate.recipe.loading.parse_overrides` reads back as the same values (override_text)."""
     return [f"--{key}={override_text(value)}" for key, value in overrides]
 
 

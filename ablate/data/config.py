@@ -45,7 +45,7 @@ SPECIAL_FILES = (
 Sampling = Literal["permutation", "random"]
 SAMPLINGS: tuple[str, ...] = get_args(Sampling)
 # Data keys added after runs were first keyed, with the value every run made before had: a run at that value
-# hashes as before (ablate.recipe.resolve.RunSpec.key), and a record without the key means that value.
+# hashes as before (ablate.recipe.schema.RunSpec.key), and a record without the key means that value.
 DATA_KEYS_ADDED_LATER = {"sampling": "random"}
 
 

@@ -146,7 +146,7 @@ def _run_parts(recipe: str | None, run: str | None, folder: str | None, scale: s
         )
     from ablate.hf.runs import ablate_tokenizer, finished_run
     from ablate.probes.run import load_model
-    from ablate.recipe.resolve import load_recipe
+    from ablate.recipe.loading import load_recipe
     from ablate.store.stores import Stores
 
     loaded = load_recipe(recipe, [], scale=scale)

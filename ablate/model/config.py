@@ -12,7 +12,7 @@ from ablate.core.registry import Spec
 from ablate.model import parametrization as param
 
 # Model keys added after runs were recorded: a run's key counts them only away from these defaults, so a
-# run recorded before them keeps its key (ablate.recipe.resolve.RunSpec.identity).
+# run recorded before them keeps its key (ablate.recipe.schema.RunSpec.identity).
 MODEL_KEYS_ADDED_LATER = {"parametrization": "standard"}
 
 # The size knobs' limits (ablate.core.config.size): past the largest models trained today (vocabularies

@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any
 from ablate.core import registry
 from ablate.core.errors import UserError
 from ablate.core.workspace import Workspace
-from ablate.recipe.resolve import Recipe, RunSpec
+from ablate.recipe.resolve import Recipe
+from ablate.recipe.schema import RunSpec
 from ablate.store import names
 from ablate.store.stores import Stores
 

@@ -15,7 +15,7 @@ from ablate.core.errors import UserError
 from ablate.core.tables import si
 from ablate.core.workspace import Workspace
 from ablate.data import passes as data_passes
-from ablate.recipe.resolve import RunSpec
+from ablate.recipe.schema import RunSpec
 
 
 @dataclass(frozen=True)

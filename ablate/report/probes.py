@@ -175,7 +175,7 @@ def plot_vs_bits(
     """Figure 8 style: the group's score against bits (wide to narrow), one line per row, with the 95%
     Student-t interval over seeds as error bars when there are two seeds or more."""
     from ablate.core import plot_style
-    from ablate.recipe.resolve import row_labels
+    from ablate.recipe.schema import row_labels
 
     bits = [int(BITS.match(c).group(1)) for c in columns]
     fig, ax = plot_style.figure(6, 4.2)

@@ -341,8 +341,8 @@ def plot_loss_curves(
 
 
 def row_labels(ctx: SweepContext) -> dict[str, str]:
-    """Variant -> its label, unique (ablate.recipe.resolve.row_labels)."""
-    from ablate.recipe.resolve import row_labels as unique_labels
+    """Variant -> its label, unique (ablate.recipe.schema.row_labels)."""
+    from ablate.recipe.schema import row_labels as unique_labels
 
     return unique_labels(ctx.recipe.variants)
 

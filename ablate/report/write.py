@@ -315,7 +315,7 @@ def exported_recipe(settings: dict[str, Any]) -> Any:
     """The recipe an export's report settings name (export_settings), read from this checkout, with the
     overrides and scale the report was written with (inside ablate.store.export.reading, which read it as
     data first)."""
-    from ablate.recipe.resolve import load_recipe
+    from ablate.recipe.loading import load_recipe
 
     return load_recipe(settings["recipe"], [tuple(o) for o in settings["overrides"]], scale=settings["scale"])
 

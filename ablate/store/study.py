@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ablate.core.errors import UserError
-from ablate.recipe.resolve import Recipe, RunSpec
+from ablate.recipe.resolve import Recipe
+from ablate.recipe.schema import RunSpec
 from ablate.recipe.search import SearchSpec
 from ablate.store import tracking
 from ablate.store.stores import Stores

@@ -1,8 +1,8 @@
 """The plan a sweep prints before it starts: trials, tokens, FLOPs, and time from a short calibration.
 
 Calibration times forward + backward passes on the device the run trains on (CUDA when present), in the
-precision it trains in (`auto` resolved by `ablate.hardware.precision`'s rule), through the device's clock
-(`ablate.hardware.device`: synchronised on CUDA). When one
+precision it trains in (decided by the function that decides a run's: ablate.train.choices.decided.placement),
+through the device's clock (`ablate.hardware.device`: synchronised on CUDA). When one
 micro-batch of the real model is cheap (small scales) the real model is timed; otherwise a one-layer
 model of the same width and vocabulary on one short sequence, whose FLOP rate stands in for the whole.
 The estimate is training FLOPs / measured FLOP rate; validation and start-up add a little on top.
@@ -16,11 +16,11 @@ import torch
 
 from ablate.core.workspace import Workspace
 from ablate.hardware.device import DeviceOps, device_ops
-from ablate.hardware.precision import autocast, compute_dtype, training_device
+from ablate.hardware.precision import autocast, compute_dtype, device_type, training_device
 from ablate.model.cost import model_cost
 from ablate.model.decoder import build_model
 from ablate.recipe.resolve import RunSpec
-from ablate.train.choices.precision import choose_step_precision
+from ablate.train.choices.decided import placement
 
 REAL_MODEL_LIMIT = 5e10  # training FLOPs of one calibration micro-batch above which the probe is used
 
@@ -54,10 +54,10 @@ def calibrate(run: RunSpec, repeats: int = 4, *, ops: DeviceOps | None = None) -
     device = training_device(train.accelerator)
     # Accelerators other than CPU and CUDA (mps, tpu) have no clock here: the CPU's rate stands in.
     ops = ops or device_ops(device if device in ("cpu", "cuda") else "cpu", key="train.accelerator")
-    # the precision the run will train in: on a CPU claiming bf16, by its whole step (cached: measured once)
-    precision, why, _ = choose_step_precision(
-        train.precision, ops.device, run.model, train, key="train.precision"
-    )
+    # the precision the run trains in on the device timed, decided as the run decides it (one function,
+    # ablate.train.choices.decided.placement: on a CPU claiming bf16 by its whole step, cached)
+    where = placement(train, run.model, device=device_type(ops.device))
+    precision, why = where.precision, where.reason
     model = build_model(model_cfg, seed=0).to(ops.device)
     if precision.endswith("-true"):  # parameters held in that dtype (Lightning's "true" precisions)
         model = model.to(compute_dtype(precision))

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from ablate.core.tables import format_seconds, markdown_table, si
-from ablate.recipe.resolve import RunSpec
+from ablate.recipe.schema import RunSpec
 from ablate.store import tracking
 from ablate.store.study import (
     SweepContext,

@@ -15,7 +15,7 @@ import lightning as L
 
 from ablate.core.errors import UserError
 from ablate.core.tables import format_seconds
-from ablate.recipe.resolve import RunSpec
+from ablate.recipe.schema import RunSpec
 from ablate.recipe.search import point_label
 from ablate.store import names, tracking
 from ablate.store.study import SweepContext, progress_counts, trial_plan

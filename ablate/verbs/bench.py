@@ -112,7 +112,7 @@ def run_bench(
     from ablate.hardware.allocator import tune_glibc_malloc
     from ablate.hardware.device import device_ops
     from ablate.hardware.precision import compute_dtype
-    from ablate.recipe.resolve import load_recipe
+    from ablate.recipe.loading import load_recipe
 
     variants = list(variants)
     seq_lens = _seq_lens(seq_lens, recipe_path, overrides, scale)
@@ -161,7 +161,7 @@ def _seq_lens(
     """The lengths to time: those given, else the recipe's at `scale` (ablate.bench.measure.default_seq_lens)."""
     if seq_lens is None:
         import ablate.bench.measure as lib
-        from ablate.recipe.resolve import load_recipe
+        from ablate.recipe.loading import load_recipe
 
         seq_lens = lib.default_seq_lens(load_recipe(recipe_path, list(overrides), scale=scale))
     return [int(n) for n in seq_lens]

@@ -113,7 +113,7 @@ def verb_options(fn: Callable[..., int]) -> list[Option]:
 
 def load(path: str, overrides: list | None, scale: str | None = None) -> Any:
     """The recipe at `path`, with the command line's overrides, resolved at `scale`."""
-    from ablate.recipe.resolve import load_recipe
+    from ablate.recipe.loading import load_recipe
 
     return load_recipe(path, overrides or [], scale=scale)
 

@@ -62,7 +62,7 @@ def main(ctx) -> None:
     import ablate.bench.measure as lib
     from ablate.hardware.device import device_ops
     from ablate.hardware.precision import choose_precision
-    from ablate.recipe.resolve import load_recipe
+    from ablate.recipe.loading import load_recipe
 
     scale, seq_len, tokens = ("small", SEQ_LEN, TOKENS) if not ctx.dry else tuple(DRY.values())
     recipe_path = str(ctx.recipe) if ctx.dry else "recipes/table6.yaml"

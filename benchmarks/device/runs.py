@@ -160,7 +160,7 @@ def fit_validation(recipe: Path, scale: str, workspace: Path) -> None:
     and exit where not one fits. Tokenizes into the workspace's cache, which the training reads next."""
     from ablate.core.workspace import Workspace
     from ablate.data import load_tokens
-    from ablate.recipe.resolve import load_recipe
+    from ablate.recipe.loading import load_recipe
 
     loaded = load_recipe(recipe, scale=scale)
     run = loaded.runs_for(loaded.seeds[:1])[0]

@@ -21,7 +21,7 @@ from ablate.core.errors import UserError
 from ablate.hardware.device import CpuOps, CudaOps, device_ops
 from ablate.hardware.precision import ENV, autocast
 from ablate.model.cost import model_cost
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.sweep.estimate import calibrate
 from ablate.verbs.bench import run_bench
 
@@ -78,7 +78,7 @@ def test_run_bench_writes_csv_markdown_and_plot(tmp_path, capsys, monkeypatch, n
 
 def test_the_default_rows_hold_the_scales_training_length():
     from ablate.bench.measure import default_seq_lens
-    from ablate.recipe.resolve import load_recipe
+    from ablate.recipe.loading import load_recipe
 
     lens = {scale: default_seq_lens(load_recipe(RECIPE, scale=scale)) for scale in ("cpu", "tiny", "small")}
     assert lens == {

@@ -15,7 +15,7 @@ from ablate.cli import main
 from ablate.model.cost import model_cost
 from ablate.model.decoder import build_model
 from ablate.recipe.check import CHECK_COLUMNS
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 
 HERE = Path(__file__).resolve().parent
 TABLE6 = HERE.parents[1] / "recipes" / "table6.yaml"
@@ -278,7 +278,7 @@ def test_readme_add_a_component_example_builds_from_a_recipe(tmp_path, monkeypat
     import torch
 
     from ablate.model.decoder import build_model
-    from ablate.recipe.resolve import load_recipe
+    from ablate.recipe.loading import load_recipe
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "recipes-and-components.md").read_text()
     section = page.split("### Add a component", 1)[1]

@@ -18,7 +18,7 @@ from ablate.core import contract
 from ablate.core.registry import build
 from ablate.model.cost import model_cost
 from ablate.model.decoder import build_model
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE6 = ROOT / "recipes" / "table6.yaml"

@@ -11,7 +11,7 @@ from mini_project import write_recipe
 from ablate.core.workspace import Workspace
 from ablate.data import ValBatches, load_tokens
 from ablate.model.decoder import build_model
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.layer_stats import EMBED, attn_out_key, layer_rms, residual_key
 from ablate.train.resume import run_dir

@@ -12,7 +12,7 @@ from cli_helpers import assert_one_line_error, run_cli
 from ablate.core.errors import UserError
 from ablate.model.cost import model_cost
 from ablate.model.decoder import build_model
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 DIFF_V2 = ROOT / "recipes" / "diff-v2.yaml"

@@ -11,7 +11,7 @@ import torch
 from ablate.core.errors import UserError
 from ablate.model.config import ModelConfig
 from ablate.model.decoder import DecoderLM, build_model
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from components.attention.diff import DiffAttention
 from components.attention.softmax import SoftmaxAttention
 

@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.model.cost import model_cost, relative_deviation
 from ablate.model.decoder import build_model
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 
 TABLE6 = Path(__file__).resolve().parents[2] / "recipes" / "table6.yaml"
 SEQ = 64

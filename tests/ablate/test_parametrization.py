@@ -315,7 +315,7 @@ def test_a_standard_run_keeps_its_key():
     of a model section without `parametrization`; a mup run's key differs."""
     import hashlib
 
-    from ablate.recipe.resolve import RunSpec
+    from ablate.recipe.schema import RunSpec
 
     raw = {
         "recipe": "r",

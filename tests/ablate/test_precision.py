@@ -24,7 +24,7 @@ from ablate.hardware.precision import (
     native_bf16,
     training_device,
 )
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.config import TrainConfig
 from ablate.train.run import train_run

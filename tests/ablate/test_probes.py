@@ -249,7 +249,7 @@ def test_probes_are_a_registry_kind():
 def test_probe_tables_on_known_numbers():
     from types import SimpleNamespace
 
-    from ablate.recipe.resolve import Variant
+    from ablate.recipe.schema import Variant
     from ablate.report.probes import group_tables, summary_groups
 
     recipe = SimpleNamespace(variants={"a": Variant(label="A"), "b": Variant(label="B")})

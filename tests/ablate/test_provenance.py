@@ -11,7 +11,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.report.provenance import date_line, provenance_row, wall_clock_line
 from ablate.report.run_records import RunRecord
 from ablate.store import names

@@ -13,7 +13,8 @@ from cli_helpers import TABLE6_VARIANTS, assert_one_line_error, run_cli
 
 from ablate.core.config import deep_merge, set_dotted
 from ablate.core.errors import UserError
-from ablate.recipe.resolve import load_recipe, parse_overrides, resolved_recipe
+from ablate.recipe.loading import load_recipe, parse_overrides
+from ablate.recipe.resolve import resolved_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE6 = ROOT / "recipes" / "table6.yaml"

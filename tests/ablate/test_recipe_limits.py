@@ -73,7 +73,7 @@ HOSTILE: dict[str, tuple[str | bytes, str]] = {
 
 CHILD = r"""
 import json, resource, sys, time
-import ablate.recipe.resolve, ablate.recipe.check, ablate.model.cost  # the heavy imports, before measuring
+import ablate.recipe.loading, ablate.recipe.check, ablate.model.cost  # the heavy imports, before measuring
 from ablate.cli import main
 results = {}
 for name, path in json.loads(sys.argv[1]).items():

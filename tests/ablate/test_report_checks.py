@@ -52,7 +52,7 @@ def record(
 
 
 def context(scale: str = "cpu", raw_scales: dict | None = None):
-    from ablate.recipe.resolve import ScaleOverlay, Variant
+    from ablate.recipe.schema import ScaleOverlay, Variant
 
     variants = {
         "a": Variant(label="Transformer"),

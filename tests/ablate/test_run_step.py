@@ -19,7 +19,7 @@ from ablate.core.workspace import Workspace
 from ablate.hardware.device import CpuOps
 from ablate.model.config import ModelConfig
 from ablate.model.decoder import build_model
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.store import names
 from ablate.train import records
 from ablate.train.choices.decided import Placement, decide

@@ -223,7 +223,7 @@ def test_a_task_is_a_task_subclass():
 def test_retrieval_recipe_resolves_and_its_task_fits(scale):
     from pathlib import Path
 
-    from ablate.recipe.resolve import load_recipe
+    from ablate.recipe.loading import load_recipe
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "retrieval.yaml"
     runs = load_recipe(recipe).resolve(scale, seeds=[0])

@@ -19,7 +19,7 @@ from mini_project import run_cli, sweep_argv, write_recipe
 
 from ablate.core.errors import UserError
 from ablate.core.workspace import Workspace
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.branches import train_budgets
 from ablate.train.config import TrainConfig

@@ -13,7 +13,7 @@ from mini_project import write_corpus, write_recipe
 
 from ablate.core.workspace import Workspace
 from ablate.data.tokenizers import bpe_cache_path, get_tokenizer
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.run import train_run
 

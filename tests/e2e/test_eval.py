@@ -19,7 +19,7 @@ from mini_project import cli_command, run_cli, sweep_argv, write_recipe
 from ablate.cli import main
 from ablate.core.errors import UserError
 from ablate.probes.run import eval_settings, probe_after_trial
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.store.stores import Stores
 from ablate.verbs.eval import run_eval
 

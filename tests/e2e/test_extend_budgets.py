@@ -9,7 +9,7 @@ import pytest
 from mini_project import write_recipe
 
 from ablate.core.workspace import Workspace
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.branches import stable_folder
 from ablate.train.resume import run_dir

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from ablate.cli import main  # noqa: E402
 from ablate.data.tokenizers import ByteTokenizer  # noqa: E402
 from ablate.probes.run import load_model  # noqa: E402
-from ablate.recipe.resolve import load_recipe  # noqa: E402
+from ablate.recipe.loading import load_recipe  # noqa: E402
 from ablate.store import names  # noqa: E402
 from ablate.store.stores import Stores  # noqa: E402
 

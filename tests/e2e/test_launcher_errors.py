@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 
 from ablate.cli import main
 from ablate.core.errors import UserError
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.store.stores import Stores
 from ablate.store.study import SweepContext
 from ablate.sweep.queue import trial_id

@@ -148,7 +148,7 @@ def test_a_printed_worker_command_reads_back_every_value_it_prints(tmp_path, cap
     so they are read back without a sweep)."""
     from ablate.cli import parse_args
     from ablate.core.argv import override_argv
-    from ablate.recipe.resolve import parse_overrides
+    from ablate.recipe.loading import parse_overrides
 
     recipe = write_recipe(tmp_path)
     workspace = tmp_path / "ws"

@@ -20,7 +20,7 @@ import pytest
 import torch
 from mini_project import write_recipe
 
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.branches import train_budgets
 

@@ -114,7 +114,7 @@ FOLDER_HOLDER = """
 
 
 def test_two_processes_never_train_one_run_folder(tmp_path, capsys):
-    from ablate.recipe.resolve import load_recipe
+    from ablate.recipe.loading import load_recipe
     from ablate.train.resume import run_dir
 
     recipe = write_recipe(tmp_path)

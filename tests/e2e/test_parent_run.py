@@ -7,7 +7,7 @@ from __future__ import annotations
 import optuna
 from mini_project import write_recipe
 
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.store import names, tracking
 from ablate.store.stores import Stores
 from ablate.store.study import SweepContext, open_study

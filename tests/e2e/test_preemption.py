@@ -12,7 +12,7 @@ import torch
 from mini_project import write_recipe
 
 from ablate.core.workspace import Workspace
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.store.stores import Stores
 from ablate.sweep import preemption
 from ablate.train.resume import run_dir

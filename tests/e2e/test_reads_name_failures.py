@@ -12,7 +12,7 @@ import optuna
 import pyarrow.parquet as pq
 from mini_project import write_recipe
 
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.report.budget_cost import train_seconds
 from ablate.store.export import RUNS_FILE, write_export
 from ablate.store.stores import Stores

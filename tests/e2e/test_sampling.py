@@ -19,7 +19,7 @@ from mini_project import MINI, write_corpus, write_recipe
 
 from ablate.core.workspace import Workspace
 from ablate.data import load_tokens
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.branches import train_budgets
 from ablate.train.run import train_run

@@ -19,7 +19,7 @@ from mini_project import run_cli, sweep_argv, write_recipe
 from optuna.trial import TrialState
 
 from ablate.cli import main
-from ablate.recipe.resolve import Variant
+from ablate.recipe.schema import Variant
 from ablate.report.run_records import RunRecord
 from ablate.report.table import comparisons_note, table_rows
 from ablate.store.stores import Stores

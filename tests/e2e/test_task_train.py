@@ -16,7 +16,7 @@ from torch import nn
 from ablate.cli import main
 from ablate.core.contract import AttentionMaps
 from ablate.core.registry import register
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.run import train_run
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from mini_project import write_recipe
 
 from ablate.cli import main
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.recipe.search import SearchSpec
 from ablate.store.stores import STORAGE_ENV, Stores, passed_down
 from ablate.store.study import SweepContext

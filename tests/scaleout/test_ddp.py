@@ -28,7 +28,7 @@ from scaleout_helpers import cli_command, cli_env, run_cli, write_recipe
 from ablate.core.workspace import Workspace
 from ablate.data import TrainBatches, load_tokens, micro_batch
 from ablate.model.decoder import build_model
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.store.stores import Stores
 from ablate.train.launch import free_port
 

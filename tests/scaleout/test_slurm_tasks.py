@@ -20,7 +20,7 @@ from scaleout_helpers import run_cli, write_recipe
 
 from ablate.core.errors import UserError
 from ablate.core.launcher import SlurmOptions
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.store.stores import Stores
 from ablate.store.study import SweepContext
 from ablate.sweep.slurm import check_tasks
