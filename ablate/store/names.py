@@ -45,6 +45,7 @@ PRECISION_REASON = PREFIX + "precision_reason"
 ATTENTION_KERNEL = PREFIX + "attention_kernel"
 ATTENTION_CHOICE = PREFIX + "attention_choice"  # `auto` on CUDA: the core measured fastest
 ATTENTION_TIMINGS_MS = PREFIX + "attention_timings_ms"  # json: each candidate's milliseconds
+COMPILED = PREFIX + "compiled"  # "true" | "false": the model trains under torch.compile, as decided
 MACHINE = PREFIX + "machine"
 TORCH = PREFIX + "torch"  # the torch version that trained the run
 

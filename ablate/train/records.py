@@ -102,13 +102,12 @@ def finished_result(
 
 def run_tags(run: RunSpec, decided: Decided) -> dict[str, str]:
     """The tags every run carries beside the recipe's: its shape and cost, and where and how it trains, as
-    `decided` (the precision, the attention kernel of the model that trains, `auto`'s measured choice)."""
+    `decided` (the precision, compiling, `auto`'s measured choice: `Decided.tags`; the attention kernel of
+    the model that trains), never as the recipe asks (`auto`)."""
     where, parts = decided.where, meta_blocks(decided.model)  # the run's one meta build: shape, cost, kernel
     return {
         **shape_tags(run, parts),
-        names.PRECISION: where.precision,
-        names.PRECISION_REASON: where.reason,
-        names.ATTENTION_KERNEL: run_attention_kernel(parts, run.train.seq_len, where),
+        names.ATTENTION_KERNEL: run_attention_kernel(parts, decided.train.seq_len, where),
         names.MACHINE: machine_description(where.device),
         **decided.tags(),
     }

@@ -134,9 +134,12 @@ def test_auto_on_cuda_times_the_runs_own_step_and_its_tags_name_what_trained(tmp
 
     monkeypatch.setattr(records, "machine_description", lambda device: f"a stand-in {device} card")
     tags = records.run_tags(run, decided)
-    assert tags[names.ATTENTION_KERNEL] == "sdpa_efficient"
+    assert tags[names.ATTENTION_KERNEL] == "sdpa_efficient" and tags[names.COMPILED] == "true"
     assert tags[names.ATTENTION_CHOICE] == "sdpa_efficient+compile (fastest whole step, measured)"
     assert (tags[names.PRECISION], tags[names.MACHINE]) == ("bf16-mixed", "a stand-in cuda card")
+    # tags read off the recipe instead would differ: `auto`'s rule, `compile: auto`, its float32
+    assert records.run_attention_kernel(run.model, run.train.seq_len, where) != "sdpa_efficient"
+    assert (run.train.compile, run.train.precision) == ("auto", "32-true")
 
 
 def test_one_meta_build_per_run(tmp_path, monkeypatch):

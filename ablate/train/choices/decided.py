@@ -16,6 +16,7 @@ from ablate.core.workspace import Workspace
 from ablate.hardware.precision import training_device
 from ablate.model import kernels
 from ablate.model.config import ModelConfig
+from ablate.store import names
 from ablate.train.choices.attention import Choice, choose_attention, training_config
 from ablate.train.choices.precision import choose_step_precision
 from ablate.train.config import TrainConfig
@@ -31,10 +32,13 @@ class Placement:
     reason: str
 
 
-def placement(cfg: TrainConfig, model: ModelConfig | None = None) -> Placement:
+def placement(cfg: TrainConfig, model: ModelConfig | None = None, *, device: str | None = None) -> Placement:
     """`train.accelerator` and `train.precision` resolved (ablate.hardware.precision); `auto` on a CPU that
-    claims native bf16 by the whole training step of the run (`model`, `cfg`: ablate.train.choices.precision)."""
-    device = training_device(cfg.accelerator)
+    claims native bf16 by the whole training step of the run (`model`, `cfg`: ablate.train.choices.precision).
+    `device`: a device type to place it on instead of `train.accelerator`'s (the sweep's time estimate,
+    whose clock is the CPU's where the run's device has none). The one precision decision: a run's
+    (`decide`) and the estimate's (ablate.sweep.estimate) are this function's."""
+    device = device or training_device(cfg.accelerator)
     precision, why, _ = choose_step_precision(cfg.precision, device, model, cfg, key="train.precision")
     return Placement(device, precision, why)
 
@@ -50,8 +54,15 @@ class Decided:
     train: TrainConfig
 
     def tags(self) -> dict[str, str]:
-        """The measured choice's tags (ablate.train.choices.attention.Choice.tags); none where none was."""
-        return self.choice.tags() if self.choice else {}
+        """What was decided, as the run's tags: the precision and why, whether the model trains compiled
+        (`train.compile` resolved: `auto` off CUDA trains eager), and on CUDA the measured choice's tags
+        (ablate.train.choices.attention.Choice.tags; none where nothing was measured)."""
+        return {
+            names.PRECISION: self.where.precision,
+            names.PRECISION_REASON: self.where.reason,
+            names.COMPILED: str(self.train.compile is True).lower(),
+            **(self.choice.tags() if self.choice else {}),
+        }
 
 
 def decide(run: Any, workspace: Workspace, *, where: Placement | None = None, **timing: Any) -> Decided:
