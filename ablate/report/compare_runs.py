@@ -192,7 +192,7 @@ def checked_folders(folders: list[str]) -> list[str]:
     """`--compare-with` as the export keeps it (each path relative to the current folder, inside it: the
     caller makes an absolute one inside relative), after reading each folder once, so a wrong one is one
     line before any store is opened."""
-    from ablate.store.export import relative_inside
+    from ablate.store.export_checks import relative_inside
 
     out = []
     for folder in folders:

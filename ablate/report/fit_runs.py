@@ -157,7 +157,7 @@ def _write_grid(ctx, study, client, runs, fitted, reference, into: Path, setting
     from ablate.report.scaling import write_grid_report
     from ablate.report.table import precisions, write_csv
     from ablate.report.write import export_settings
-    from ablate.store.export import write_export
+    from ablate.store.export_write import write_export
     from ablate.store.study import completed_spans
 
     written, fits, conv = write_grid_report(

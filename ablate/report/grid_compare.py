@@ -51,7 +51,7 @@ def checked_folder(folder: str | Path, form: str | None) -> str:
     """`--compare-with` as the export keeps it (relative to the current folder, inside it), after reading
     the folder once, so a wrong one is one line before any store is opened."""
     from ablate.report.write import inside_checkout
-    from ablate.store.export import relative_inside
+    from ablate.store.export_checks import relative_inside
 
     if form not in (None, "grid"):
         raise UserError(f"--compare-with: compares two grid fits; --form {form} is not one")

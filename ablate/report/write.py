@@ -36,7 +36,8 @@ from ablate.report.table import (
 )
 from ablate.store import names, tracking
 from ablate.store.commands import portable_command
-from ablate.store.export import METRICS_FILE, RUNS_FILE, write_export
+from ablate.store.export import METRICS_FILE, RUNS_FILE
+from ablate.store.export_write import write_export
 
 if TYPE_CHECKING:
     from ablate.store.study import SweepContext
@@ -334,7 +335,7 @@ def export_settings(ctx: SweepContext) -> dict[str, Any]:
 
 def inside_checkout(path: Any) -> str:
     """A recipe's (search spec's) path as an export keeps it: relative to the current folder when inside it
-    (`ablate report --from` takes no other: ablate.store.export.check_settings)."""
+    (`ablate report --from` takes no other: ablate.store.export_checks.check_settings)."""
     path = Path(path)
     if path.is_absolute() and path.resolve().is_relative_to(Path.cwd().resolve()):
         return str(path.resolve().relative_to(Path.cwd().resolve()))

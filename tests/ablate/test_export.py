@@ -10,7 +10,8 @@ from optuna.trial import TrialState
 
 from ablate.core.workspace import Workspace
 from ablate.store import tracking
-from ablate.store.export import SCHEME, exported_study, read_meta, write_export
+from ablate.store.export import SCHEME, exported_study, read_meta
+from ablate.store.export_write import write_export
 from ablate.store.stores import Stores
 
 

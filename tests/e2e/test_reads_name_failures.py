@@ -14,7 +14,8 @@ from mini_project import write_recipe
 
 from ablate.recipe.loading import load_recipe
 from ablate.report.budget_cost import train_seconds
-from ablate.store.export import RUNS_FILE, write_export
+from ablate.store.export import RUNS_FILE
+from ablate.store.export_write import write_export
 from ablate.store.stores import Stores
 from ablate.store.study import open_study
 from ablate.sweep.queue import claim_waiting, enqueue_missing

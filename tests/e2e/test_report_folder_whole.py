@@ -1,5 +1,5 @@
 """A report folder is written as a whole (ablate.report.folder), from an export that is data, never code
-(ablate.store.export.check_settings), with a stored command that names no password and keeps its quoting.
+(ablate.store.export_checks.check_settings), with a stored command that names no password and keeps its quoting.
 
 Each test rebuilds `exported-mini/` (a two-run study of the mini recipe kept as a fixture) with the real CLI
 (`ablate.cli.main`; in fresh interpreters where they are killed), in a copy under tmp_path: no workspace, no
