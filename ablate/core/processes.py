@@ -33,6 +33,24 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def process_table() -> dict[int, list[str]]:
+    """Every process of this machine, read from /proc now: its pid -> the fields of its `stat` after its
+    name (state, ppid, pgrp, ...). A process that ended while it was read is left out; {} without /proc."""
+    table: dict[int, list[str]] = {}
+    proc_fs = Path("/proc")
+    if not proc_fs.is_dir():
+        return table
+    for entry in proc_fs.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        table[int(entry.name)] = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+    return table
+
+
 ISOLATED = "-I"  # a tool's child: no current folder, no PYTHON* variables, no user site
 SAFE_PATH = "-P"  # an ablate child: no current folder first on its path (PYTHONPATH kept: the user's plugins)
 

@@ -23,6 +23,7 @@ attention, a plugin's component) has no built-in class and goes through `ablate.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,43 +144,59 @@ def _block(prefix: str, block: Any) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
+def _state(
+    model: DecoderLM, attention: Callable[[Any, float], dict[str, torch.Tensor]]
+) -> dict[str, torch.Tensor]:
+    """The Hugging Face state dict, each tensor a copy: the outer weights, then each layer's norms and MLP
+    and, under its `self_attn.`, what `attention(the block's attention, its branch multiplier)` maps (no
+    gradient recorded)."""
+    sd = _outer(model)
+    for i, block in enumerate(model.blocks):
+        p = f"model.layers.{i}"
+        sd |= _block(p, block)
+        rows = attention(block.attention, block.branch_mult)
+        sd |= {f"{p}.self_attn.{name}": weight for name, weight in rows.items()}
+    return {k: v.detach().clone() for k, v in sd.items()}
+
+
 def _llama(model: DecoderLM, max_positions: int) -> Mapped:
     attn = model.blocks[0].attention
     heads, kv, width = attn.n_heads, attn.n_kv_heads, attn.head_width
     style = attn.position.style
-    sd = _outer(model)
-    for i, block in enumerate(model.blocks):
-        a, p = block.attention, f"model.layers.{i}"
-        sd |= _block(p, block)
-        sd[f"{p}.self_attn.q_proj.weight"] = _rope_rows(a.q_proj.weight * a.q_scale, heads, width, style)
-        sd[f"{p}.self_attn.k_proj.weight"] = _rope_rows(a.k_proj.weight, kv, width, style)
-        sd[f"{p}.self_attn.v_proj.weight"] = a.v_proj.weight
-        sd[f"{p}.self_attn.o_proj.weight"] = a.out_proj.weight * block.branch_mult
+
+    def rows(a: Any, branch_mult: float) -> dict[str, torch.Tensor]:
+        return {
+            "q_proj.weight": _rope_rows(a.q_proj.weight * a.q_scale, heads, width, style),
+            "k_proj.weight": _rope_rows(a.k_proj.weight, kv, width, style),
+            "v_proj.weight": a.v_proj.weight,
+            "o_proj.weight": a.out_proj.weight * branch_mult,
+        }
+
     config = _shared(model, max_positions, heads, kv, width)
-    return Mapped("LlamaForCausalLM", config, {k: v.detach().clone() for k, v in sd.items()})
+    return Mapped("LlamaForCausalLM", config, _state(model, rows))
 
 
-@torch.no_grad()
 def _diffllama(model: DecoderLM, max_positions: int) -> Mapped:
     attn = model.blocks[0].attention
     d, h, h_kv = attn.head_dim, attn.n_heads, attn.n_kv_heads
     style = attn.position.style
-    sd = _outer(model)
-    for i, block in enumerate(model.blocks):
-        a, p = block.attention, f"model.layers.{i}.self_attn"
-        sd |= _block(f"model.layers.{i}", block)
+
+    def rows(a: Any, branch_mult: float) -> dict[str, torch.Tensor]:
         q = _rope_rows(a.q_proj.weight * a.q_scale, 2 * h, d, style).view(h, 2, d, -1)
         k = _rope_rows(a.k_proj.weight, 2 * h_kv, d, style).view(h_kv, 2, d, -1)
         v = a.v_proj.weight.view(h_kv, 2, d, -1)  # kv head m's 2d rows: half 0, then half 1
-        # sub-head 2i + c -> c h + i (and the same for k and V's halves): transpose (head, c) to (c, head)
-        sd[f"{p}.q_proj.weight"] = q.transpose(0, 1).reshape(2 * h * d, -1)
-        sd[f"{p}.k_proj.weight"] = k.transpose(0, 1).reshape(2 * h_kv * d, -1)
-        sd[f"{p}.v_proj.weight"] = v.transpose(0, 1).reshape(2 * h_kv * d, -1)
         gain = a.subln.weight.float().repeat(h)  # Eq. 3's gain over every head's 2d channels
-        sd[f"{p}.o_proj.weight"] = a.out_proj.weight * gain * block.branch_mult
-        sd[f"{p}.lambda_q1"] = a.lambda_q1 * a.lambda_dot_scale
-        sd[f"{p}.lambda_k1"] = a.lambda_k1
-        sd[f"{p}.lambda_q2"] = a.lambda_q2 * a.lambda_dot_scale
-        sd[f"{p}.lambda_k2"] = a.lambda_k2
+        # sub-head 2i + c -> c h + i (and the same for k and V's halves): transpose (head, c) to (c, head)
+        return {
+            "q_proj.weight": q.transpose(0, 1).reshape(2 * h * d, -1),
+            "k_proj.weight": k.transpose(0, 1).reshape(2 * h_kv * d, -1),
+            "v_proj.weight": v.transpose(0, 1).reshape(2 * h_kv * d, -1),
+            "o_proj.weight": a.out_proj.weight * gain * branch_mult,
+            "lambda_q1": a.lambda_q1 * a.lambda_dot_scale,
+            "lambda_k1": a.lambda_k1,
+            "lambda_q2": a.lambda_q2 * a.lambda_dot_scale,
+            "lambda_k2": a.lambda_k2,
+        }
+
     config = _shared(model, max_positions, 2 * h, 2 * h_kv, d) | {"lambda_std_dev": attn.lambda_std}
-    return Mapped("DiffLlamaForCausalLM", config, {k: v.detach().clone() for k, v in sd.items()})
+    return Mapped("DiffLlamaForCausalLM", config, _state(model, rows))

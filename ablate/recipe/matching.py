@@ -91,21 +91,8 @@ def solve(
     key: str,
     reference: str,
 ) -> dict[str, Any]:
-    """`config` with the knob at `path` set so that its `on` budget is within `tol` of `target_config`'s."""
-    value = _bisect(config, target_config, path, on, tol, key=key, reference=reference)
-    return with_knob(config, path, value, key=key)
-
-
-def _bisect(
-    config: dict[str, Any],
-    target_config: dict[str, Any],
-    path: str,
-    on: str,
-    tol: float,
-    *,
-    key: str,
-    reference: str,
-) -> float | int:
+    """`config` with the knob at `path` set so that its `on` budget is within `tol` of `target_config`'s:
+    the knob's value bracketed from its start, then bisected."""
     from ablate.model.cost import model_cost  # budgets build models: only when a recipe asks to solve
 
     def measure(cfg: dict[str, Any]) -> float:
@@ -162,7 +149,8 @@ def _bisect(
             f"variants.{key}.match: no value of {path} brings {on} within {tol:.0%} of variants.{reference}'s "
             f"(closest: {_fmt(best)} gives {tried[best]:+.2%}); choose another knob or set it by hand"
         )
-    return int(best) if integer else _short(best, tried[best], lambda v: gap(v))
+    value = int(best) if integer else _short(best, tried[best], lambda v: gap(v))
+    return with_knob(config, path, value, key=key)
 
 
 def _short(value: float, deviation: float, gap) -> float:

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from ablate.core.errors import UserError
-from ablate.core.processes import python_command
+from ablate.core.processes import process_table, python_command
 from ablate.core.workspace import Workspace
 from ablate.store import comparison, tracking
 from ablate.store.commands import has_password, redact
@@ -270,8 +270,7 @@ def _group_alive(proc: subprocess.Popen) -> bool:
     """Whether a process of `proc`'s group still runs. Zombies do not count: a killed worker whose parent
     died too waits for init to reap it, which a container's init may take seconds to do."""
     proc.poll()  # reap the leader, or it stays a zombie member of its own group
-    proc_fs = Path("/proc")
-    if not proc_fs.is_dir():  # no procfs (macOS): a signal 0 to the group, zombies included
+    if not Path("/proc").is_dir():  # no procfs (macOS): a signal 0 to the group, zombies included
         try:
             os.killpg(proc.pid, 0)
         except ProcessLookupError:
@@ -279,17 +278,7 @@ def _group_alive(proc: subprocess.Popen) -> bool:
         except PermissionError:
             return True
         return True
-    for entry in proc_fs.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        state, _ppid, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]  # after "pid (comm) "
-        if int(pgrp) == proc.pid and state != "Z":
-            return True
-    return False
+    return any(int(pgrp) == proc.pid and state != "Z" for state, _ppid, pgrp, *_ in process_table().values())
 
 
 def _redact(url: str) -> str:

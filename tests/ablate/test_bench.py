@@ -29,6 +29,11 @@ RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "table6.yaml"
 TINY_PEAK = {"peak_budget_s": 0.05, "peak_max_size": 256}  # seconds, not minutes, where bf16 is emulated
 
 
+def _bench_two_rows(**options) -> Path:
+    """`run_bench` of Table 6's transformer and diff rows at the tiny scale, the peak timed in seconds."""
+    return run_bench(str(RECIPE), scale="tiny", variants=["transformer", "diff"], **TINY_PEAK, **options)
+
+
 @pytest.mark.parametrize(
     "native, precision, dtype", [("1", "bf16-mixed", "bf16"), ("0", "32-true", "float32")]
 )
@@ -36,16 +41,12 @@ def test_run_bench_writes_csv_markdown_and_plot(tmp_path, capsys, monkeypatch, n
     """`auto` follows the (forced) capability: the precision, its reason and the peak MFU is taken against
     are printed and written; progress lines come one per arm and round."""
     monkeypatch.setenv(ENV, native)
-    folder = run_bench(
-        str(RECIPE),
-        scale="tiny",
-        variants=["transformer", "diff"],
+    folder = _bench_two_rows(
         seq_lens=[64],
         rounds=1,
         out=str(tmp_path / "bench"),
         tokens_per_step=256,  # 4 x 64: seconds where bf16 is emulated, too
         device="cpu",
-        **TINY_PEAK,
     )
     assert folder == tmp_path / "bench"
     with open(folder / "bench.csv", newline="") as f:
@@ -257,10 +258,7 @@ def test_cuda_path_synchronizes_around_every_timed_region_and_reads_the_cuda_pea
     reported as suspect."""
     cuda = StandInCuda()
     ops = CudaOps(torch.device("cpu"), cuda=cuda, clock=cuda.clock)
-    folder = run_bench(
-        str(RECIPE),
-        scale="tiny",
-        variants=["transformer", "diff"],
+    folder = _bench_two_rows(
         seq_lens=[32],
         rounds=2,
         out=str(tmp_path / "b"),
@@ -268,7 +266,6 @@ def test_cuda_path_synchronizes_around_every_timed_region_and_reads_the_cuda_pea
         precision="32-true",
         retries=0,
         ops=ops,
-        **TINY_PEAK,
     )
     assert _every_clock_read_synchronized(cuda.calls)
     assert (

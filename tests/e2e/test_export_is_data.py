@@ -183,9 +183,19 @@ def test_while_an_export_is_read_no_module_path_is_resolved_whatever_names_it(tm
         sys.modules.pop("payload_never", None)
 
 
-def _plan(meta: dict, plan) -> None:
-    for trial in meta["trials"]:
-        trial["user_attrs"]["plan"] = plan
+def _plan(plan: str):
+    """An edit of the export: every trial's plan set to `plan`."""
+
+    def edit(meta: dict) -> None:
+        for trial in meta["trials"]:
+            trial["user_attrs"]["plan"] = plan
+
+    return lambda folder: edit_meta(folder, edit)
+
+
+def _run_field(column: str, key: str, value):
+    """An edit of the export: every run's `key` in `column` set to `value`."""
+    return lambda folder: edit_runs(folder, lambda rows: edit_column(rows, column, key, value))
 
 
 def _without_values(folder: Path) -> None:
@@ -205,34 +215,25 @@ def _values_as_text(folder: Path) -> None:
 
 
 CRAFTED_FIELDS = {  # each field of an export a report reads, crafted: (edit of the folder, the line's words)
-    "plan-not-json": (
-        lambda f: edit_meta(f, lambda m: _plan(m, "{seed: 0")),
-        "trials[0].user_attrs.plan is '{seed: 0', not a JSON object",
-    ),
-    "plan-a-list": (lambda f: edit_meta(f, lambda m: _plan(m, "[0, 1]")), "user_attrs.plan is '[0, 1]'"),
-    "plan-a-number": (lambda f: edit_meta(f, lambda m: _plan(m, "7")), "user_attrs.plan is '7', not a JSON"),
-    "plan-seed-text": (
-        lambda f: edit_meta(f, lambda m: _plan(m, '{"seed": "zero"}')),
-        "user_attrs.plan.seed is 'zero', not an integer",
-    ),
+    "plan-not-json": (_plan("{seed: 0"), "trials[0].user_attrs.plan is '{seed: 0', not a JSON object"),
+    "plan-a-list": (_plan("[0, 1]"), "user_attrs.plan is '[0, 1]'"),
+    "plan-a-number": (_plan("7"), "user_attrs.plan is '7', not a JSON"),
+    "plan-seed-text": (_plan('{"seed": "zero"}'), "user_attrs.plan.seed is 'zero', not an integer"),
     "tokens-lots": (
-        lambda f: edit_runs(f, lambda rows: edit_column(rows, "tags", "ablate.tokens", "lots")),
+        _run_field("tags", "ablate.tokens", "lots"),
         "tags.ablate.tokens is 'lots', not an integer (as text)",
     ),
     "data-json-not-json": (
-        lambda f: edit_runs(f, lambda rows: edit_column(rows, "artifacts", "data.json", "{vocab")),
+        _run_field("artifacts", "data.json", "{vocab"),
         "artifacts.data.json is '{vocab', not a JSON object",
     ),
     "data-json-a-list": (
-        lambda f: edit_runs(f, lambda rows: edit_column(rows, "artifacts", "data.json", "[]")),
+        _run_field("artifacts", "data.json", "[]"),
         "artifacts.data.json is '[]', not a JSON object",
     ),
-    "metric-text": (
-        lambda f: edit_runs(f, lambda rows: edit_column(rows, "metrics", "val/loss", "low")),
-        "metrics.val/loss is 'low', not a number",
-    ),
+    "metric-text": (_run_field("metrics", "val/loss", "low"), "metrics.val/loss is 'low', not a number"),
     "lr-a-list": (
-        lambda f: edit_runs(f, lambda rows: edit_column(rows, "params", "train.lr", [0.1])),
+        _run_field("params", "train.lr", [0.1]),
         "params.train.lr is [0.1], not a number (as text)",
     ),
     "metrics-without-values": (_without_values, "metrics.parquet has no column 'value'"),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ablate.core.processes import process_table
 from ablate.store import names
 from ablate.store.stores import Stores
 from ablate.train.launch import free_port
@@ -24,17 +25,7 @@ HANG_GUARD = 120  # seconds: a hang guard only; stopping takes seconds, even on 
 
 def _descendants(pid: int) -> set[int]:
     """Every live process below `pid`, read from /proc (parent links), whatever its process group."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
-        if fields[0] != "Z":
-            parents[int(entry.name)] = int(fields[1])
+    parents = {child: int(ppid) for child, (state, ppid, *_) in process_table().items() if state != "Z"}
     found, frontier = set(), {pid}
     while frontier:
         frontier = {child for child, parent in parents.items() if parent in frontier} - found
