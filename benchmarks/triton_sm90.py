@@ -1,6 +1,6 @@
 """The `triton` kernels compiled for Hopper (`sm_90`) on this CPU, every launch configuration the chooser
-may try (components/attention/triton_configs.py), read back from the compiled code
-(components/attention/triton_compiled.py): registers, spills, shared memory, blocks per SM, the matrix
+may try (components/attention/triton/configs.py), read back from the compiled code
+(components/attention/triton/compiled.py): registers, spills, shared memory, blocks per SM, the matrix
 instructions, exponentials per tile, the waits on the tensor cores, and duplicated layouts. Prints one
 Markdown table (and writes it with `--out`).
 
@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from components.attention.triton_compiled import SHAPES, Compiled, Launch, Shape, candidates, inspect
+from components.attention.triton.compiled import SHAPES, Compiled, Launch, Shape, candidates, inspect
 
 COLUMNS = ("shape", "launch", "regs", "spill st/ld", "shared KB", "blocks/SM", "wgmma", "mma.sync", "products",
            "exp2/tile (ideal)", "exp2 under products", "waits in flight/full", "duplicated")  # fmt: skip

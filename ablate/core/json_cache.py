@@ -3,7 +3,7 @@
 The CPU's matmul rates and a step's time in each precision (ablate.hardware.precision,
 ablate.train.choices.precision, in the user's cache directory), `auto`'s attention choice per card and shape
 (ablate.train.choices.attention, in the workspace) and the `triton` kernels' launch configurations
-(components/attention/triton_configs.py) each keep one JSON object, `{key: entry}`, in one file. A cache
+(components/attention/triton/configs.py) each keep one JSON object, `{key: entry}`, in one file. A cache
 only saves time, so whatever it holds is never trusted: the file is read only where it is a regular file of
 at most `MAX_BYTES`, UTF-8 JSON holding an object, and each entry only where its caller's `parse` accepts it.
 Anything else (a missing, unreadable or damaged file, `[]`, an entry of the wrong type, a NaN, a key

@@ -1,5 +1,5 @@
 """Where the model's own kernels keep what they measured: the `triton` backend's launch configurations
-(components/attention/triton_configs.py), chosen on CUDA by timing a few candidates per kernel and shape.
+(components/attention/triton/configs.py), chosen on CUDA by timing a few candidates per kernel and shape.
 
 Without a folder those choices last a process, so every run of a sweep timed them again (about five
 candidates per kernel, each a Triton compile the first time); a run trains with its workspace's folder
@@ -14,6 +14,6 @@ from pathlib import Path
 
 def remember_in(folder: Path) -> None:
     """Keep this process's measured launch configurations in `folder` (read before timing anything)."""
-    from components.attention import triton_configs
+    from components.attention.triton import configs
 
-    triton_configs.remember_in(folder)
+    configs.remember_in(folder)

@@ -1,4 +1,4 @@
-"""Part (t) of the device check: the `triton` backend's fused kernel (components/attention/triton_kernels.py)
+"""Part (t) of the device check: the `triton` backend's fused kernel (components/attention/triton/kernels.py)
 on the device, checked, then timed against what Diff runs without it and against the Transformer.
 
 1. `t_kernel.csv`: the kernel against float64 (`backend_check.check_one`, the formulas of part a): Diff (two

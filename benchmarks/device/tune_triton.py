@@ -1,5 +1,5 @@
 """The fused Triton differential attention's launch configurations, timed on a GPU (not a part of the
-check: a short run beside it, from which `components/attention/triton_op.py`'s tiles are chosen).
+check: a short run beside it, from which `components/attention/triton/op.py`'s tiles are chosen).
 
 For each (BLOCK_M, BLOCK_N, num_warps, num_stages) in CONFIGS: median ms of one forward + backward of
 Diff's attention core at the `small` widths (6 heads of 2 x 64, V 128 wide) in bf16, 16,384 tokens at
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from diff_kernel import core, dense_backward  # noqa: E402  benchmarks/device/diff_kernel.py (part t)
 
 from ablate.hardware.device import device_ops, median_ms  # noqa: E402
-from components.attention import triton_op  # noqa: E402
+from components.attention.triton import op as triton_op  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages): the first was triton_op's launch for this shape before an
 # H200 timed these (reports/gpu-h200/tune_triton.csv); the fifth is its launch since

@@ -1,18 +1,15 @@
 """Attention cores shared by the attention kinds, selected by name: `TABLE` (at the end of this module) holds
 every backend once, with what it runs on, how it attends for softmax attention and for differential
 attention, and what it is; `BACKENDS` is its names, and docs/recipes-and-components.md lists the table's
-rows (tests/ablate/test_docs.py keeps the two equal).
+rows (tests/ablate/test_docs.py keeps the two equal). This module dispatches (`attend`, `diff_attend`),
+resolves `auto`, and holds the math form (the reference) and the pieces the attention kinds share; the
+cores by family live beside it: PyTorch's (SDPA, flash-attn, the blockwise and combined forms) in
+`sdpa.py`, ours in Triton in the `triton/` subpackage.
 
 `auto` names no core of its own: `resolve` turns it into one for the tensors' device, dtype and width (the
 rules, each measured, are in its body and in benchmarks/NOTES.md). A module resolves it once per device,
 dtype and sequence length (`Resolved`), not on every forward call; the CPU's AMX flag is read from
 /proc/cpuinfo once per process, when this module is imported.
-
-`flash_attn` is flash-attn's `flash_attn_func` (CUDA, fp16/bf16), probed once at import (`FLASH_ATTN`) and
-reached only through `flash_attn_func()`, the one seam a CPU stand-in replaces in tests. The SDPA backends
-held to one fused kernel (`sdpa_flash`, `sdpa_efficient`, `sdpa_cudnn`) are held by
-`torch.nn.attention.sdpa_kernel`, so the kernel that runs is the one recorded, never a silent fall-back to
-the math kernel; on CPU only `sdpa_flash` has a kernel (PyTorch's fused CPU kernel).
 
 Tensors are (batch, heads, seq, width). Keys and values may have fewer heads than queries (grouped-query
 attention): query head i reads kv head i // (H / H_kv), the convention of flash-attn and SDPA.
@@ -28,24 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ablate.core.errors import UserError
 from ablate.core.registry import closest
-from components.attention import blockwise, combined, triton_op
+from components.attention import sdpa
+from components.attention.triton import op as triton_op
 
-# The fused SDPA kernel each restricted backend is held to (torch.nn.attention.SDPBackend names).
-SDPA_KERNELS = {
-    "sdpa_flash": "FLASH_ATTENTION",
-    "sdpa_efficient": "EFFICIENT_ATTENTION",
-    "sdpa_cudnn": "CUDNN_ATTENTION",
-}
-FLASH_MISSING = (
-    "flash_attn backend: the flash-attn package is not installed (pip install 'ablate[flash]', CUDA only)"
-)
 COMBINED_MAX_SEQ = 256  # the longest sequence `auto` gives `combined` (the only length measured)
-_SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
 @dataclass(frozen=True)
@@ -61,27 +47,6 @@ class Backend:
     softmax: Callable[..., torch.Tensor] | None = field(default=None, repr=False)
     diff: Callable[..., torch.Tensor] | None = field(default=None, repr=False)
     require: Callable[[], object] | None = field(default=None, repr=False)
-
-
-def _probe_flash_attn():
-    """flash-attn's `flash_attn_func`, or None where the package does not import (it is optional). Probed
-    once, when this module is imported: an import tried on every attention call is, under torch.compile, a
-    graph break per layer (a failed import cannot be traced)."""
-    try:
-        from flash_attn import flash_attn_func as fn
-    except ImportError:
-        return None
-    return fn
-
-
-FLASH_ATTN = _probe_flash_attn()
-
-
-def flash_attn_func():
-    """The seam to flash-attn: its `flash_attn_func` as probed at import (tests replace `FLASH_ATTN`)."""
-    if FLASH_ATTN is None:
-        raise UserError(FLASH_MISSING)
-    return FLASH_ATTN
 
 
 def check_backend(name: str, *, key: str = "backend") -> str:
@@ -144,7 +109,7 @@ def resolve(
     read from the machine unless given; `seq_len`: the sequence length, where known)."""
     if name != "auto":
         return name
-    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and FLASH_ATTN is not None:
+    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and sdpa.FLASH_ATTN is not None:
         return "flash_attn"
     if device.type == "cuda":
         return cuda_kernel(dtype, head_dim)
@@ -235,13 +200,6 @@ def _math_maps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch
     return (weights @ v.unsqueeze(2)).flatten(1, 2), weights.flatten(1, 2)
 
 
-def _blockwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, fused: bool) -> torch.Tensor:
-    groups = k.shape[1]
-    qg = q.unflatten(1, (groups, -1)).unsqueeze(1)  # (B,1,G,R,N,d)
-    forward = _sdpa_grouped if fused and _on_sdpa(q) else None
-    return blockwise.attention(qg, k.unsqueeze(1), v, fused_forward=forward).flatten(1, 2)
-
-
 # --- differential attention ------------------------------------------------------------------------
 
 
@@ -305,63 +263,6 @@ def _diff_math_maps(
     return out, {"a1": a1.flatten(1, 2).to(q.dtype), "a2": a2.flatten(1, 2).to(q.dtype), "lambda": lam}
 
 
-def _diff_blockwise(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor, *, fused: bool
-) -> torch.Tensor:
-    qg = q.unflatten(2, (k.shape[2], -1))  # (B,2,G,R,N,d)
-    forward = _padded_grouped if fused and _on_sdpa(q) else None
-    return blockwise.attention(qg, k, v, lam, fused_forward=forward).flatten(1, 2)
-
-
-def _diff_combined(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    return combined.attention(q.unflatten(2, (k.shape[2], -1)), k, v, lam).flatten(1, 2)
-
-
-def _diff_split_v(core: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """Differential attention on a fused softmax `core` (q, k, v) -> out, FlashDiffAttn_2 (Appendix A): the
-    fused kernels need V as wide as Q/K (a wide V silently drops SDPA to its math kernel), so V is split
-    into halves. Stacking Q1|Q2 and K1|K2 as heads keeps the pairing (stacked query head j reads stacked
-    kv head j // (h / h_kv)) and gives one call per half."""
-
-    def diff(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-        h, neg_lam = q.shape[2], -lam
-        qs, ks = q.flatten(1, 2), k.flatten(1, 2)  # (B,2h,N,d), (B,2h_kv,N,d)
-        halves = []
-        for v_half in v.chunk(2, dim=-1):
-            both = core(qs, ks, torch.cat([v_half, v_half], dim=1))  # [A1 V_half; A2 V_half] as heads
-            halves.append(torch.addcmul(both[:, :h], both[:, h:], neg_lam).transpose(1, 2))  # (B,N,h,d)
-        return torch.cat(halves, dim=-1).transpose(1, 2)  # [A1 V1 - λ A2 V1, A1 V2 - λ A2 V2]
-
-    return diff
-
-
-def _diff_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    """FlashDiffAttn_1 (Appendix A) on a kernel that needs equal widths: Q and K zero-padded to V's width
-    2d leave every score unchanged (the scale is given explicitly), so one fused call computes
-    [A1 V; A2 V] for the stacked heads, one softmax per map (split V needs two per map)."""
-    h, d = q.shape[2], q.shape[-1]
-    qp, kp = (F.pad(t.permute(0, 3, 1, 2, 4), (0, d)).permute(0, 2, 3, 1, 4).flatten(1, 2) for t in (q, k))
-    both = _sdpa(
-        qp, kp, torch.cat([v, v], dim=1), scale=1 / math.sqrt(d)
-    )  # (B,2h,N,2d), laid out (B,N,2h,2d)
-    return torch.addcmul(both[:, :h], both[:, h:], -lam)
-
-
-def _on_sdpa(q: torch.Tensor) -> bool:
-    """Whether SDPA's fused kernels serve these tensors (CPU, CUDA) for the blockwise forward."""
-    return q.device.type in ("cpu", "cuda") and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
-
-
-def _sdpa_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    """The blockwise backend's forward for softmax attention: q (B,1,G,R,N,d) -> (B,G,R,N,d)."""
-    return _sdpa(q[:, 0].flatten(1, 2), k[:, 0], v).unflatten(1, (k.shape[2], -1))
-
-
-def _padded_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    """The blockwise backend's forward for differential attention: q (B,2,G,R,N,d) -> (B,G,R,N,2d)."""
-    return _diff_padded(q.flatten(2, 3), k, v, lam).unflatten(1, (k.shape[2], -1))
-
-
 # --- the pieces ------------------------------------------------------------------------------------
 
 
@@ -377,18 +278,13 @@ def _check_groups(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, v_width:
 
 def _maps(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Causal softmax(Q K^T / sqrt(d)) in float32, shaped (B, G, R, N, N): G kv groups of R query heads."""
-    batch, heads, n, width = q.shape
-    groups = k.shape[1]
-    scores = q.unflatten(1, (groups, heads // groups)) @ k.unsqueeze(2).transpose(-1, -2)
-    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
-    scores = scores.float().mul(1 / math.sqrt(width)).masked_fill(causal, float("-inf"))
-    return scores.softmax(dim=-1)
+    return causal_softmax(scaled_logits(q, k))
 
 
 def scaled_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Pre-softmax Q K^T / sqrt(d) in float32, (B, G, R, N, N): G kv groups of R query heads, every entry
-    (above the diagonal too). With `causal_softmax` it is `_maps` op for op, so an analysis path built on
-    the two reproduces the math backend bit for bit."""
+    (above the diagonal too). The math backend's maps are `causal_softmax` of it, so an analysis path
+    built on the two reproduces the math backend bit for bit."""
     heads, width = q.shape[1], q.shape[-1]
     groups = k.shape[1]
     scores = q.unflatten(1, (groups, heads // groups)) @ k.unsqueeze(2).transpose(-1, -2)
@@ -402,74 +298,24 @@ def causal_softmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(causal, float("-inf")).softmax(dim=-1)
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    if q.shape[1] == k.shape[1]:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    if _SDPA_HAS_GQA:  # the fused kernels read kv head i // (H / H_kv) themselves: no copies
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, scale=scale)
-    repeat = q.shape[1] // k.shape[1]  # torch < 2.5: no enable_gqa
-    k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-
-
-def restrict_sdpa(name: str):
-    """The seam to SDPA's kernel choice: a context in which SDPA may run only `name`'s kernel (tests replace
-    it to drive the CUDA kernels' calls on CPU, where only the flash kernel exists)."""
-    return sdpa_kernel([getattr(SDPBackend, SDPA_KERNELS[name])])
-
-
-def _sdpa_held(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """SDPA held to `name`'s kernel. The memory-efficient and cuDNN kernels take no grouped kv heads
-    (`enable_gqa` is the flash and math kernels' only), so their kv heads are repeated per group."""
-    if name != "sdpa_flash" and q.shape[1] != k.shape[1]:
-        repeat = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-    try:
-        with restrict_sdpa(name):
-            return _sdpa(q, k, v)
-    except RuntimeError as e:
-        if "No viable backend" not in str(e) and "No available kernel" not in str(e):
-            raise
-        raise UserError(
-            f"backend: {name} has no kernel for {q.device.type} {str(q.dtype).removeprefix('torch.')} "
-            f"heads {q.shape[-1]} wide; allowed there: auto, sdpa, math"
-        ) from None
-
-
-def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    # flash-attn's layout is (batch, seq, heads, width); it handles fewer kv heads natively.
-    fn = flash_attn_func()
-    out = fn(
-        q.transpose(1, 2),
-        k.transpose(1, 2),
-        v.transpose(1, 2),
-        dropout_p=0.0,
-        softmax_scale=None,
-        causal=True,
-    )
-    return out.transpose(1, 2)
-
-
-def _sdpa_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return _sdpa(q, k, v)
-
-
-def _held(name: str) -> Callable[..., torch.Tensor]:
-    return functools.partial(_sdpa_held, name)
-
-
-def _triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return triton_op.attention(q, k, v)
-
-
-def _diff_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    return triton_op.diff_attention(q, k, v, lam)  # one pass over K and V for both maps, (A1 - λ A2) V once
-
-
 # --- the table -------------------------------------------------------------------------------------
 
 CPU_AND_CUDA, CUDA_ONLY = ("cpu", "cuda"), ("cuda",)
-_HELD = "SDPA held to its {} kernel alone (never a silent fall-back); diff in the split-V form"
+
+
+def _blockwise(name: str, about: str, *, fused: bool) -> Backend:
+    """The row of a backend on `blockwise.py`'s backward; `fused`: SDPA's fused forward where it serves."""
+    softmax = functools.partial(sdpa.blockwise_softmax, fused=fused)
+    return Backend(name, CPU_AND_CUDA, about, softmax, functools.partial(sdpa.blockwise_diff, fused=fused))
+
+
+def _held(name: str, runs_on: tuple[str, ...], kernel: str) -> Backend:
+    """The row of an SDPA backend held to one fused kernel (`sdpa.SDPA_KERNELS`)."""
+    core = sdpa.held(name)
+    about = f"SDPA held to its {kernel} kernel alone (never a silent fall-back); diff in the split-V form"
+    return Backend(name, runs_on, about, core, sdpa.split_v(core))
+
+
 TABLE: dict[str, Backend] = {
     b.name: b
     for b in (
@@ -493,71 +339,49 @@ TABLE: dict[str, Backend] = {
             "sdpa",
             CPU_AND_CUDA,
             "PyTorch's fused `scaled_dot_product_attention`; diff in the split-V form of Appendix A",
-            softmax=_sdpa_core,
-            diff=_diff_split_v(_sdpa_core),
+            softmax=sdpa.sdpa_core,
+            diff=sdpa.split_v(sdpa.sdpa_core),
         ),
         Backend(
             "sdpa_padded",
             CPU_AND_CUDA,
             "diff: Q and K zero-padded to V's width 2d, both maps and the wide V in one fused call "
             "(softmax: `sdpa`)",
-            softmax=_sdpa_core,
-            diff=_diff_padded,
+            softmax=sdpa.sdpa_core,
+            diff=sdpa.padded,
         ),
-        Backend(
+        _blockwise(
             "blockwise",
-            CPU_AND_CUDA,
             "SDPA's fused forward (`sdpa_padded` for diff), backward in query blocks of GEMMs with one "
             "(A1 - λ A2) V product; nothing N x N kept",
-            softmax=functools.partial(_blockwise, fused=True),
-            diff=functools.partial(_diff_blockwise, fused=True),
+            fused=True,
         ),
-        Backend(
+        _blockwise(
             "blocks",
-            CPU_AND_CUDA,
             "forward and backward both in query blocks, no fused kernel: diff's forward combines the maps "
             "before V, Eq. 1's FLOPs in both directions",
-            softmax=functools.partial(_blockwise, fused=False),
-            diff=functools.partial(_diff_blockwise, fused=False),
+            fused=False,
         ),
         Backend(
             "combined",
             CPU_AND_CUDA,
             "diff: both maps kept whole per query block and combined before V, one autograd Function, "
             "nothing recomputed; O(N^2) memory (softmax: `sdpa`)",
-            softmax=_sdpa_core,
-            diff=_diff_combined,
+            softmax=sdpa.sdpa_core,
+            diff=sdpa.combined_diff,
         ),
         Backend(
             "flash_attn",
             CUDA_ONLY,
             "the flash-attn package (`pip install '.[flash]'`), fp16 and bf16; diff in the split-V form "
             "(FlashDiffAttn_2)",
-            softmax=_flash,
-            diff=_diff_split_v(_flash),
-            require=flash_attn_func,
+            softmax=sdpa.flash,
+            diff=sdpa.split_v(sdpa.flash),
+            require=sdpa.flash_attn_func,
         ),
-        Backend(
-            "sdpa_flash",
-            CPU_AND_CUDA,
-            _HELD.format("flash"),
-            _held("sdpa_flash"),
-            _diff_split_v(_held("sdpa_flash")),
-        ),
-        Backend(
-            "sdpa_efficient",
-            CUDA_ONLY,
-            _HELD.format("memory-efficient"),
-            _held("sdpa_efficient"),
-            _diff_split_v(_held("sdpa_efficient")),
-        ),
-        Backend(
-            "sdpa_cudnn",
-            CUDA_ONLY,
-            _HELD.format("cuDNN"),
-            _held("sdpa_cudnn"),
-            _diff_split_v(_held("sdpa_cudnn")),
-        ),
+        _held("sdpa_flash", CPU_AND_CUDA, "flash"),
+        _held("sdpa_efficient", CUDA_ONLY, "memory-efficient"),
+        _held("sdpa_cudnn", CUDA_ONLY, "cuDNN"),
         Backend(
             "triton",
             CUDA_ONLY,
@@ -567,9 +391,9 @@ TABLE: dict[str, Backend] = {
             "one map; on CPU through Triton's interpreter (exact, slow: for tests); `auto`'s rule never "
             "picks it, a CUDA training run's measured `auto` may (below; benchmarks/NOTES.md has its cost "
             "model)",
-            softmax=_triton,
-            diff=_diff_triton,
-            require=lambda: triton_op.require(),
+            softmax=triton_op.attention,
+            diff=triton_op.diff_attention,  # one pass over K and V for both maps, (A1 - λ A2) V once
+            require=triton_op.require,
         ),
     )
 }

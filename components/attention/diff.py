@@ -23,8 +23,9 @@ from torch import nn
 from ablate.core.contract import HIDDEN, VECTOR, AttentionMaps, LogitTransform
 from ablate.core.errors import UserError
 from ablate.core.registry import build, register
-from components.attention import backends, triton_op
+from components.attention import backends
 from components.attention.softmax import KEY, kv_heads
+from components.attention.triton import op as triton_op
 from components.norm import RMSNorm, rms_norm
 
 LAMBDAS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")

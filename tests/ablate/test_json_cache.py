@@ -21,7 +21,7 @@ from ablate.model.config import ModelConfig
 from ablate.train.choices.attention import choose_attention
 from ablate.train.choices.precision import shape_key, step_timings
 from ablate.train.config import TrainConfig
-from components.attention.triton_configs import FILE, Chooser, Config, Key, candidates
+from components.attention.triton.configs import FILE, Chooser, Config, Key, candidates
 
 FLAGGED = "flags\t\t: fpu avx2 avx512f avx512_bf16\n"  # a CPU whose flags claim native bf16
 MODEL = ModelConfig(vocab_size=64, d_model=16, n_layers=1, head_dim=8)

@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from components.attention import backends
+from components.attention import sdpa
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +56,7 @@ def fake_flash(monkeypatch) -> list:
     module = types.ModuleType("flash_attn")
     module.flash_attn_func = _fake_flash_attn_func(calls)
     monkeypatch.setitem(sys.modules, "flash_attn", module)
-    monkeypatch.setattr(backends, "FLASH_ATTN", module.flash_attn_func)  # probed at import: set it here
+    monkeypatch.setattr(sdpa, "FLASH_ATTN", module.flash_attn_func)  # probed at import: set it here
     return calls
 
 
@@ -64,7 +64,7 @@ def fake_flash(monkeypatch) -> list:
 def no_flash(monkeypatch) -> None:
     """Make `import flash_attn` fail, and the probe made at import say so, whatever is installed."""
     monkeypatch.setitem(sys.modules, "flash_attn", None)
-    monkeypatch.setattr(backends, "FLASH_ATTN", None)
+    monkeypatch.setattr(sdpa, "FLASH_ATTN", None)
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:

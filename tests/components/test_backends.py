@@ -14,7 +14,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from ablate.core.errors import UserError
 from ablate.core.registry import build
-from components.attention import backends
+from components.attention import backends, sdpa
 
 FUSED_CPU = "aten::_scaled_dot_product_flash_attention_for_cpu"
 MATH = "aten::_scaled_dot_product_attention_math"
@@ -41,7 +41,7 @@ def rel(a, b):
 
 def test_flash_seam_reports_a_missing_package(no_flash):
     with pytest.raises(UserError) as e:
-        backends.flash_attn_func()
+        sdpa.flash_attn_func()
     assert str(e.value) == (
         "flash_attn backend: the flash-attn package is not installed (pip install 'ablate[flash]', CUDA only)"
     )
@@ -50,7 +50,7 @@ def test_flash_seam_reports_a_missing_package(no_flash):
 
 
 def test_flash_seam_returns_the_installed_function(fake_flash):
-    assert backends.flash_attn_func() is sys.modules["flash_attn"].flash_attn_func
+    assert sdpa.flash_attn_func() is sys.modules["flash_attn"].flash_attn_func
 
 
 def test_resolve(fake_flash, monkeypatch):
@@ -61,7 +61,7 @@ def test_resolve(fake_flash, monkeypatch):
     assert backends.resolve("auto", CUDA, torch.float32) == "sdpa_efficient"  # flash-attn: no fp32 kernels
     for name in ("math", "sdpa", "flash_attn"):
         assert backends.resolve(name, cpu, torch.float32) == name
-    monkeypatch.setattr(backends, "FLASH_ATTN", None)
+    monkeypatch.setattr(sdpa, "FLASH_ATTN", None)
     assert backends.resolve("auto", CUDA, torch.bfloat16) == "sdpa_flash"  # test_cuda_kernels
 
 
@@ -251,9 +251,9 @@ def test_flash_attn_probe_is_not_called_under_compile(monkeypatch):
     finder = CountingFinder()
     monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
     probes = []
-    probe = backends._probe_flash_attn
-    monkeypatch.setattr(backends, "_probe_flash_attn", lambda: probes.append(1) or probe())
-    monkeypatch.setattr(backends, "FLASH_ATTN", None)  # not installed: the import that used to fail per call
+    probe = sdpa._probe_flash_attn
+    monkeypatch.setattr(sdpa, "_probe_flash_attn", lambda: probes.append(1) or probe())
+    monkeypatch.setattr(sdpa, "FLASH_ATTN", None)  # not installed: the import that used to fail per call
 
     def step(q, k, v):
         name = backends.resolve("auto", CUDA, torch.bfloat16, diff=True)

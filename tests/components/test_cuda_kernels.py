@@ -10,7 +10,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ablate.core.errors import UserError
 from ablate.core.registry import build
-from components.attention import backends
+from components.attention import backends, sdpa
 
 CUDA = torch.device("cuda")  # a device object only: nothing runs on it
 HELD = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
@@ -48,7 +48,7 @@ def rel(a, b):
 def held(monkeypatch) -> list:
     """Record each held call's kernel and shapes; let the CPU's fused (flash) kernel serve it."""
     calls: list = []
-    real = backends._sdpa
+    real = sdpa._sdpa
 
     def record(q, k, v, scale=None):
         calls[-1]["shapes"] = (tuple(q.shape), tuple(k.shape), tuple(v.shape))
@@ -58,8 +58,8 @@ def held(monkeypatch) -> list:
         calls.append({"kernel": name})
         return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
 
-    monkeypatch.setattr(backends, "restrict_sdpa", restrict)
-    monkeypatch.setattr(backends, "_sdpa", record)
+    monkeypatch.setattr(sdpa, "restrict_sdpa", restrict)
+    monkeypatch.setattr(sdpa, "_sdpa", record)
     return calls
 
 

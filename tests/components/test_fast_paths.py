@@ -12,7 +12,7 @@ import torch
 from attention_setup import run_fp32
 
 from ablate.core.registry import build
-from components.attention import backends, blockwise
+from components.attention import backends, blockwise, sdpa
 
 CUDA = torch.device("cuda")  # a device object only: nothing runs on it
 
@@ -38,7 +38,7 @@ def use(monkeypatch, block: int, forward: str) -> None:
     """Blocks of `block` query rows; forward by SDPA's fused kernel ("fused") or by the blocks too."""
     monkeypatch.setattr(blockwise, "BLOCK", block)
     if forward == "blocks":
-        monkeypatch.setattr(backends, "_on_sdpa", lambda q: False)
+        monkeypatch.setattr(sdpa, "_on_sdpa", lambda q: False)
 
 
 @pytest.mark.parametrize("forward", ["fused", "blocks"])
@@ -187,7 +187,7 @@ def test_auto_on_cpu_picks_what_measured_fastest(fake_flash, monkeypatch):
     assert backends.resolve("auto", CUDA, torch.bfloat16, diff=True) == "flash_attn"
     # CUDA without flash-attn (or in float32): SDPA held to one fused kernel by dtype and width
     assert backends.resolve("auto", CUDA, torch.float32, diff=True) == "sdpa_efficient"
-    monkeypatch.setattr(backends, "FLASH_ATTN", None)
+    monkeypatch.setattr(sdpa, "FLASH_ATTN", None)
     assert backends.resolve("auto", CUDA, torch.bfloat16, diff=True) == "sdpa_flash"
     assert backends.resolve("auto", CUDA, torch.bfloat16, diff=True, head_dim=264) == "sdpa_efficient"
     for name in ("math", "sdpa", "sdpa_padded", "blockwise", "blocks", "flash_attn"):

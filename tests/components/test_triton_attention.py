@@ -1,4 +1,4 @@
-"""The `triton` backend's kernels (components/attention/triton_kernels.py) on CPU tensors, run by Triton's
+"""The `triton` backend's kernels (components/attention/triton/kernels.py) on CPU tensors, run by Triton's
 interpreter, against float64 formulas written here: outputs, both maps' log-sum-exp and every gradient,
 causal, grouped-query, sequences that end inside a tile, widths 16-128 (and one that is not a power of
 two), float32 / float16 / bfloat16 each with its tolerance; both backward paths (the single pass with dQ
@@ -28,7 +28,8 @@ from torch._dynamo.utils import counters
 from ablate.core.errors import UserError
 from ablate.core.registry import build
 from ablate.model.decoder import build_model
-from components.attention import backends, triton_op
+from components.attention import backends
+from components.attention.triton import op as triton_op
 from components.norm import rms_norm
 
 pytest.importorskip("triton")
@@ -124,7 +125,7 @@ def test_deterministic_backward_against_float64(case, dtype):
 @pytest.mark.parametrize("block_m, block_n", [(32, 16), (16, 32)])
 def test_diff_kernel_with_unequal_tiles(block_m, block_n, dtype):
     """Query tiles taller than key tiles (the forward's first candidate in 16 bits on CUDA:
-    triton_configs.candidates) and shorter: the causal bounds of each kernel's loop meet the other
+    triton/configs.py: `candidates`) and shorter: the causal bounds of each kernel's loop meet the other
     tile's edges inside a tile, and the tiles seen whole meet the masked ones there (both backward
     paths)."""
     check_diff_kernel((1, 4, 2, 50, 32), dtype, block_m, block_n)
@@ -134,7 +135,7 @@ def test_diff_kernel_with_unequal_tiles(block_m, block_n, dtype):
 @pytest.mark.parametrize("growth", [0.3, 1.0])
 def test_scores_rising_along_the_keys(growth):
     """The forward moves a map's running maximum only when some row's grows by more than 8 in base 2
-    (triton_forward._softmax_pv): scores that rise by `growth` per key (about 7 or 23 in base 2 per tile
+    (forward.py: `_softmax_pv`): scores that rise by `growth` per key (about 7 or 23 in base 2 per tile
     of 16 keys) take the branch on some tiles and keep the stale maximum on others; output, log-sum-exp
     and gradients against float64."""
     gen = torch.Generator().manual_seed(11)
@@ -460,9 +461,9 @@ def test_the_gpu_kernels_compile():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
 
-    from components.attention import triton_kernels
+    from components.attention.triton import kernels
 
-    fwd, delta, kv, q = triton_kernels.kernels(False)
+    fwd, delta, kv, q = kernels.kernels(False)
     pointers = dict.fromkeys(["Q", "K", "V", "OUT", "O2", "PRE", "DO", "DK", "DV", "DPRE"], "*bf16")
     pointers |= dict.fromkeys(["LSE", "LAM", "INV", "W", "DELTA", "DW", "DQ"], "*fp32")
     tiles = {"MAPS": 2, "BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_D": 32, "BLOCK_E": 64}
@@ -488,7 +489,7 @@ def test_the_gpu_kernels_compile():
 
 INTERPRETED = """
 import torch
-from components.attention import triton_op
+from components.attention.triton import op as triton_op
 gen = torch.Generator().manual_seed(5)
 q, k = torch.randn(1, 2, 2, 19, 16, generator=gen), torch.randn(1, 2, 1, 19, 16, generator=gen)
 v, lam = torch.randn(1, 1, 19, 32, generator=gen), torch.tensor(0.3)

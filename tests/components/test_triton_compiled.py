@@ -1,7 +1,7 @@
 """The `triton` kernels as Triton compiles them for Hopper (`sm_90`, on this CPU: no GPU needed), read back
-from the compiled code (components/attention/triton_compiled.py), never the kernel's source.
+from the compiled code (components/attention/triton/compiled.py), never the kernel's source.
 
-Every launch configuration the chooser may try (components/attention/triton_configs.py), at the model's
+Every launch configuration the chooser may try (components/attention/triton/configs.py), at the model's
 widths (Diff sub-heads of 64 and 128, the Transformer's 64, bf16), compiled as the op calls it; each fails
 on any of: a spill in the forward or the single-pass backward; a duplicated layout (warps covering more
 rows or columns than a tensor has: 8 warps over a 64-row tile); a product of 64 rows or more on mma.sync
@@ -28,9 +28,9 @@ import pytest
 
 pytest.importorskip("triton")
 
-from components.attention import triton_compiled  # noqa: E402
-from components.attention.triton_compiled import SHAPES, Launch, Shape, candidates, compile_launch, inspect  # noqa: E402
-from components.attention.triton_configs import Config  # noqa: E402
+from components.attention.triton import compiled as triton_compiled  # noqa: E402
+from components.attention.triton.compiled import SHAPES, Launch, Shape, candidates, compile_launch, inspect  # noqa: E402
+from components.attention.triton.configs import Config  # noqa: E402
 
 LAUNCHES = [(shape, launch) for shape in SHAPES for launch in candidates(shape)]
 
@@ -95,8 +95,8 @@ def test_the_reader_agrees_with_ptxas():
 
 
 INTERPRET = """
-from components.attention.triton_compiled import Launch, Shape, inspect
-from components.attention.triton_configs import Config
+from components.attention.triton.compiled import Launch, Shape, inspect
+from components.attention.triton.configs import Config
 compiled = inspect(Shape(1, 64, 12), Launch("forward", False, Config(64, 64, 4, 2)))
 print("wgmma", compiled.wgmma)
 """
@@ -104,7 +104,7 @@ print("wgmma", compiled.wgmma)
 
 def test_it_compiles_with_triton_interpret_set():
     """TRITON_INTERPRET=1 makes `triton.jit` and Triton's own jit functions interpreted from the import on;
-    the compiled kind is made without it (components/attention/triton_kernels.py)."""
+    the compiled kind is made without it (components/attention/triton/kernels.py)."""
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     out = subprocess.run([sys.executable, "-c", INTERPRET], cwd=root, env=env, capture_output=True, text=True)

@@ -1,4 +1,4 @@
-"""The `triton` backend's launch configurations (components/attention/triton_configs.py): the chooser
+"""The `triton` backend's launch configurations (components/attention/triton/configs.py): the chooser
 driven by fake timings (the fastest per kernel, shape, dtype, length bucket and GPU; remembered in the
 process and in a JSON file; a candidate the GPU cannot launch left out), and the interpreter's fixed
 configuration on CPU, chosen without timing anything."""
@@ -10,8 +10,9 @@ import json
 import pytest
 import torch
 
-from components.attention import triton_configs, triton_op
-from components.attention.triton_configs import Chooser, Config, Key, bucket, candidates
+from components.attention.triton import configs as triton_configs
+from components.attention.triton import op as triton_op
+from components.attention.triton.configs import Chooser, Config, Key, bucket, candidates
 
 pytest.importorskip("triton")
 

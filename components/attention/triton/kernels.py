@@ -42,8 +42,8 @@ as raw 16-bit integers (a bf16 product is exact in float32, and the maps are rou
 arithmetic is the GPU's, but for one difference: the interpreter casts float32 to bf16 by truncation
 where the GPU rounds to nearest, a step of 2^-8 on about half of the rounded values).
 
-The kernels are plain Python functions, the forward's in `triton_forward.py` and the backward's in
-`triton_backward.py`: `kernels(interpret)` here wraps them with `triton.jit` for CUDA tensors or
+The kernels are plain Python functions, the forward's in `forward.py` and the backward's in
+`backward.py`: `kernels(interpret)` here wraps them with `triton.jit` for CUDA tensors or
 Triton's interpreter for CPU tensors. `TRITON_INTERPRET=1` would decide that once, when triton is first
 imported (Lightning imports it early), so the kernels call only Triton's built-ins, which the interpreter
 patches per launch, and their own tile loops, wrapped the same way as the kernel in a namespace per kind
@@ -57,12 +57,13 @@ import types
 
 import triton
 
-from components.attention import triton_backward, triton_forward
-from components.attention.triton_backward import _bwd_delta, _bwd_kv, _bwd_kv_tiles, _bwd_q, _bwd_q_tiles
-from components.attention.triton_forward import _fwd, _fwd_tiles, _softmax_pv
+from components.attention.triton import backward, forward
 
-_TILES = (_fwd_tiles, _softmax_pv, _bwd_kv_tiles, _bwd_q_tiles)  # called from the kernels
-_KERNELS = (_fwd, _bwd_delta, _bwd_kv, _bwd_q)
+_TILES = (  # the jit functions the kernels call, wrapped the same way as the kernels
+    *(forward._program, forward._query_block, forward._key_tile, forward._fwd_tiles, forward._softmax_pv),
+    *(backward._bwd_kv_tiles, backward._bwd_q_tiles),
+)
+_KERNELS = (forward._fwd, backward._bwd_delta, backward._bwd_kv, backward._bwd_q)
 _COMBINE = ("_MAX", "_SUM")  # Triton's own jit functions the kernels reduce with
 
 
@@ -81,7 +82,7 @@ def kernels(interpret: bool):
     from triton.runtime.interpreter import InterpretedFunction
 
     wrap = InterpretedFunction if interpret else triton.runtime.JITFunction  # not triton.jit: see below
-    namespace = {**vars(triton_forward), **vars(triton_backward)}  # their constants, `tl` and one another
+    namespace = {**vars(forward), **vars(backward)}  # their constants, `tl` and one another
     if not interpret:  # the reductions' combining functions, compiled whatever TRITON_INTERPRET said
         for name in _COMBINE:
             if not isinstance(namespace[name], triton.runtime.JITFunction):

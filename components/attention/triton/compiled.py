@@ -3,7 +3,7 @@ back from the compiled code: registers, spills, shared memory, the matrix instru
 per tile, the waits, and the layouts the products were given.
 
 A launch is compiled as the op makes it: `launch` runs the op's own forward and backward
-(components/attention/triton_op.py) on CPU tensors of the real shapes with the kernels replaced by a
+(components/attention/triton/op.py) on CPU tensors of the real shapes with the kernels replaced by a
 recorder, so the arguments, strides and the integers Triton specialises on (16-divisible, equal to 1) are
 those of a real call; `compile_launch` then specialises them with Triton's own binder and compiles with
 `triton.compile` for the target, through Triton's on-disk cache. What is read comes from the compiler's
@@ -36,10 +36,10 @@ from pathlib import Path
 
 import torch
 
-from components.attention import triton_configs, triton_op
+from components.attention.triton import configs, op
 
 ARCH = 90  # Hopper: H100, H200
-# The op's kernels in the order triton_kernels.kernels gives them, and the chooser's name for each launch.
+# The op's kernels in the order kernels.kernels gives them, and the chooser's name for each launch.
 _ORDER = ("forward", "delta", "backward_kv", "backward_q")
 
 
@@ -74,7 +74,7 @@ class Launch:
 
     kernel: str
     atomic: bool
-    config: triton_configs.Config
+    config: configs.Config
 
     def name(self) -> str:
         kernel = "single pass" if self.kernel == "backward_kv" and self.atomic else self.kernel
@@ -118,18 +118,17 @@ class Compiled:
 
 
 def candidates(shape: Shape) -> list[Launch]:
-    """Every launch the chooser may try for `shape` (triton_configs.candidates), the backward_kv kernel
-    both as the single pass (where the op runs it: triton_op.single_pass) and as the deterministic path's
+    """Every launch the chooser may try for `shape` (configs.candidates), the backward_kv kernel
+    both as the single pass (where the op runs it: op.single_pass) and as the deterministic path's
     first kernel."""
     launches = [
-        Launch("forward", False, c) for c in triton_configs.candidates("forward", shape.dtype, shape.v_width)
+        Launch("forward", False, c) for c in configs.candidates("forward", shape.dtype, shape.v_width)
     ]
-    for atomic in (True, False) if triton_op.single_pass(shape.v_width) else (False,):
-        kv = triton_configs.candidates("backward_kv", shape.dtype, shape.v_width)
+    for atomic in (True, False) if op.single_pass(shape.v_width) else (False,):
+        kv = configs.candidates("backward_kv", shape.dtype, shape.v_width)
         launches += [Launch("backward_kv", atomic, c) for c in kv]
     launches += [
-        Launch("backward_q", False, c)
-        for c in triton_configs.candidates("backward_q", shape.dtype, shape.v_width)
+        Launch("backward_q", False, c) for c in configs.candidates("backward_q", shape.dtype, shape.v_width)
     ]
     return launches
 
@@ -159,14 +158,14 @@ def _calls(shape: Shape) -> dict[tuple[str, bool], tuple[tuple, dict]]:
     k = torch.zeros(b, m, h, n, d, dtype=shape.dtype)
     v = torch.zeros(b, h, n, shape.v_width, dtype=shape.dtype)
     lam = torch.zeros((), dtype=torch.float32)
-    real = triton_op._kernels
-    triton_op._kernels = lambda device: recorders
+    real = op._kernels
+    op._kernels = lambda device: recorders
     try:
-        out, o2, lse, _, _ = triton_op._forward(q, k, v, lam, 64, 64)
+        out, o2, lse, _, _ = op._forward(q, k, v, lam, 64, 64)
         for deterministic in (False, True):
-            triton_op._backward(out, q, k, v, lam, out, o2, lse, 64, 64, deterministic)
+            op._backward(out, q, k, v, lam, out, o2, lse, 64, 64, deterministic)
     finally:
-        triton_op._kernels = real
+        op._kernels = real
     return calls
 
 
@@ -181,12 +180,12 @@ def compile_launch(shape: Shape, launch: Launch):
     from triton.compiler import ASTSource, compile, make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from components.attention import triton_kernels
+    from components.attention.triton import kernels
 
     if shape not in _CALLS:
         _CALLS[shape] = _calls(shape)
     args, kwargs = _CALLS[shape][(launch.kernel, launch.atomic)]
-    kernel = triton_kernels.kernels(False)[_ORDER.index(launch.kernel)]
+    kernel = kernels.kernels(False)[_ORDER.index(launch.kernel)]
     c = launch.config
     dot = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[shape.dtype]
     kwargs = kwargs | {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "DOT": dot}
@@ -252,10 +251,10 @@ def _exp2_in_flight(sass: str) -> int:
 _WIDTH = {"": 4, "U8": 1, "S8": 1, "U16": 2, "S16": 2, "32": 4, "64": 8, "128": 16}
 
 
-def _local_bytes(sass: str, op: str) -> int:
-    """Bytes moved by the `op` (STL or LDL) instructions, each once: `STL.64` moves 8 bytes."""
+def _local_bytes(sass: str, instruction: str) -> int:
+    """Bytes moved by the `instruction` (STL or LDL) instructions, each once: `STL.64` moves 8 bytes."""
     total = 0
-    for suffixes in re.findall(rf"\b{op}((?:\.[A-Z0-9]+)*)\s", sass):
+    for suffixes in re.findall(rf"\b{instruction}((?:\.[A-Z0-9]+)*)\s", sass):
         sizes = [_WIDTH[s] for s in suffixes.split(".")[1:] if s in _WIDTH]
         total += sizes[0] if sizes else 4
     return total

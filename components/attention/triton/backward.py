@@ -1,6 +1,6 @@
 """The `triton` backend's backward kernels and their tile loops: δ (and the fused norm's backward), the
 single pass over the key blocks (dK1, dK2, dV, and dQ by atomic adds) or, deterministic, that pass
-without atomics and a second over the query blocks for dQ (the math: components/attention/triton_kernels.py,
+without atomics and a second over the query blocks for dQ (the math: components/attention/triton/kernels.py,
 which wraps these plain functions for the GPU or Triton's interpreter).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from components.attention.triton_forward import _SUM, LOG2E
+from components.attention.triton.forward import _SUM, LOG2E, _key_tile, _program, _query_block
 
 
 def _bwd_delta(
@@ -25,10 +25,7 @@ def _bwd_delta(
     # written to DPRE (out's layout, the inputs' type: what the attention's backward reads) and used
     # rounded as such; the weight's gradient, Σ dY x̂ over this block's rows, to DW (one row per
     # program, (B h blocks, BLOCK_E) float32; the caller sums and scales).
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // heads
-    head = pid_bh % heads
+    pid_m, pid_bh, b, head = _program(heads, False)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_e = tl.arange(0, BLOCK_E)
     row_ok = offs_m < n_ctx
@@ -153,10 +150,7 @@ def _bwd_kv(
 ):  # fmt: skip
     # DO (B, h, N, e) by strides sd*, DK (B, M, h_kv, N, d) by tk*, DV (B, h_kv, N, e) by tv*; ATOMIC:
     # DQ (B, M, h, N, d) float32 by tq*, zeroed by the caller, receives dQ by atomic adds.
-    pid_n = tl.program_id(0)
-    pid_bg = tl.program_id(1)
-    b = pid_bg // kv_heads
-    group = pid_bg % kv_heads
+    pid_n, _, b, group = _program(kv_heads, False)
     qk_scale = scale * LOG2E
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -224,23 +218,12 @@ def _bwd_q_tiles(
 ):  # fmt: skip
     # One query block against the key tiles from `lo` to `hi`: dQ1 and dQ2 accumulate. MASKED: the tiles
     # the diagonal or the sequence's end crosses.
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_e = tl.arange(0, BLOCK_E)
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_ptrs = k_base + offs_n[:, None] * skn + offs_d[None, :] * skd
-        v_ptrs = v_base + offs_n[:, None] * svn + offs_e[None, :] * sve
-        if MASKED:
-            col_ok = offs_n < n_ctx
-            k_mask = col_ok[:, None] & (offs_d[None, :] < width)
-            v_mask = col_ok[:, None] & (offs_e[None, :] < v_width)
-            visible = (offs_m[:, None] >= offs_n[None, :]) & col_ok[None, :]
-        else:
-            k_mask = offs_d[None, :] < width
-            v_mask = offs_e[None, :] < v_width
-        v_tile = tl.load(v_ptrs, mask=v_mask, other=0.0).to(DOT)
+        k1, k2, v_tile, visible = _key_tile(
+            k_base, v_base, start_n, offs_m, skm, skn, skd, svn, sve, n_ctx, width, v_width,
+            MAPS, BLOCK_N, BLOCK_D, BLOCK_E, DOT, MASKED,
+        )  # fmt: skip
         dp = tl.dot(do, tl.trans(v_tile), input_precision=PRECISION)
-        k1 = tl.load(k_ptrs, mask=k_mask, other=0.0).to(DOT)
         s1 = tl.dot(q1, tl.trans(k1), input_precision=PRECISION)
         p1 = tl.exp2(s1 * qk_scale - lse1[:, None] * LOG2E)
         if MASKED:
@@ -248,7 +231,6 @@ def _bwd_q_tiles(
         ds1 = p1 * (dp - delta1[:, None])
         dq1 += tl.dot(ds1.to(k_base.dtype.element_ty).to(DOT), k1, input_precision=PRECISION)
         if MAPS == 2:
-            k2 = tl.load(k_ptrs + skm, mask=k_mask, other=0.0).to(DOT)
             s2 = tl.dot(q2, tl.trans(k2), input_precision=PRECISION)
             p2 = tl.exp2(s2 * qk_scale - lse2[:, None] * LOG2E)
             if MASKED:
@@ -270,36 +252,25 @@ def _bwd_q(
     BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     # DO (B, h, N, e) by strides sd*, DQ (B, M, h, N, d) by tq*.
-    # Causal: the last query blocks see the most keys; the GPU starts blocks in order of their index,
-    # so index 0 takes the last block: the longest first, the short ones fill the last wave.
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // heads
-    head = pid_bh % heads
-    group = head // reps
+    _, b, head, group, first, offs_m, row_ok, _, q_mask, q1, q2 = _query_block(
+        Q, heads, reps, n_ctx, width, sqb, sqm, sqh, sqn, sqd, MAPS, BLOCK_M, BLOCK_D, DOT
+    )  # fmt: skip
     qk_scale = scale * LOG2E
-    first = pid_m * BLOCK_M
-    offs_m = first + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_E)
-    row_ok = offs_m < n_ctx
-    q_off = b * sqb + head * sqh + offs_m[:, None] * sqn + offs_d[None, :] * sqd
-    q_mask = row_ok[:, None] & (offs_d[None, :] < width)
     stat = (b * MAPS * heads + head) * n_ctx + offs_m
     do = tl.load(
         DO + b * sdb + head * sdh + offs_m[:, None] * sdn + offs_e[None, :] * sde,
         mask=row_ok[:, None] & (offs_e[None, :] < v_width),
         other=0.0,
     ).to(DOT)
-    q1 = tl.load(Q + q_off, mask=q_mask, other=0.0).to(DOT)
     lse1 = tl.load(LSE + stat, mask=row_ok, other=0.0)
     delta1 = tl.load(DELTA + stat, mask=row_ok, other=0.0)
     dq1 = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
     dq2 = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
-    q2, lse2, delta2, lam = q1, lse1, delta1, 0.0
+    lse2, delta2, lam = lse1, delta1, 0.0
     if MAPS == 2:
         lam = tl.load(LAM)
-        q2 = tl.load(Q + q_off + sqm, mask=q_mask, other=0.0).to(DOT)
         lse2 = tl.load(LSE + stat + heads * n_ctx, mask=row_ok, other=0.0)
         delta2 = tl.load(DELTA + stat + heads * n_ctx, mask=row_ok, other=0.0)
     k_base = K + b * skb + group * skh

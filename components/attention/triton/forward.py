@@ -1,4 +1,4 @@
-"""The `triton` backend's forward kernel and its tile loop (the math: components/attention/triton_kernels.py,
+"""The `triton` backend's forward kernel and its tile loop (the math: components/attention/triton/kernels.py,
 which wraps these plain functions for the GPU or Triton's interpreter), and the constants both directions
 read.
 """
@@ -41,6 +41,69 @@ def _softmax_pv(
     return acc, total, m
 
 
+def _program(heads, LONGEST_FIRST: tl.constexpr):
+    # The block, the (batch, head) pair, the batch row and the head a program takes (grid: blocks x batch
+    # * heads). LONGEST_FIRST, causal: the last query blocks see the most keys; the GPU starts blocks in
+    # order of their index, so index 0 takes the last block: the longest first, the short ones fill the
+    # last wave.
+    block = tl.program_id(0)
+    if LONGEST_FIRST:
+        block = tl.num_programs(0) - 1 - block
+    pid_bh = tl.program_id(1)
+    return block, pid_bh, pid_bh // heads, pid_bh % heads
+
+
+def _query_block(
+    Q, heads, reps, n_ctx, width, sqb, sqm, sqh, sqn, sqd,
+    MAPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    # The query block of a program of the forward or the dQ kernel (the longest first) and its tiles of Q1
+    # and Q2: (the (batch, head) pair, batch row, head, kv group, first row, rows, rows inside the
+    # sequence, Q's offsets and mask, Q1, Q2).
+    pid_m, pid_bh, b, head = _program(heads, True)
+    first = pid_m * BLOCK_M
+    offs_m = first + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < n_ctx
+    q_off = b * sqb + head * sqh + offs_m[:, None] * sqn + offs_d[None, :] * sqd
+    q_mask = row_ok[:, None] & (offs_d[None, :] < width)
+    q1 = tl.load(Q + q_off, mask=q_mask, other=0.0).to(DOT)
+    q2 = q1
+    if MAPS == 2:
+        q2 = tl.load(Q + q_off + sqm, mask=q_mask, other=0.0).to(DOT)
+    return pid_bh, b, head, head // reps, first, offs_m, row_ok, q_off, q_mask, q1, q2
+
+
+def _key_tile(
+    k_base, v_base, start_n, offs_m, skm, skn, skd, svn, sve, n_ctx, width, v_width,
+    MAPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+    DOT: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    # A key tile of the forward or the dQ kernel from row `start_n`: K1, K2 (BLOCK_N, BLOCK_D), V (BLOCK_N,
+    # BLOCK_E), and which (query, key) entries the query block sees. MASKED: a tile the diagonal or the
+    # sequence's end crosses; otherwise every entry is visible.
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_e = tl.arange(0, BLOCK_E)
+    k_ptrs = k_base + offs_n[:, None] * skn + offs_d[None, :] * skd
+    v_ptrs = v_base + offs_n[:, None] * svn + offs_e[None, :] * sve
+    if MASKED:
+        col_ok = offs_n < n_ctx
+        k_mask = col_ok[:, None] & (offs_d[None, :] < width)
+        v_mask = col_ok[:, None] & (offs_e[None, :] < v_width)
+        visible = (offs_m[:, None] >= offs_n[None, :]) & col_ok[None, :]
+    else:
+        k_mask = offs_d[None, :] < width
+        v_mask = offs_e[None, :] < v_width
+        visible = 0  # every entry is seen
+    k1 = tl.load(k_ptrs, mask=k_mask, other=0.0).to(DOT)
+    k2 = k1
+    if MAPS == 2:
+        k2 = tl.load(k_ptrs + skm, mask=k_mask, other=0.0).to(DOT)
+    v_tile = tl.load(v_ptrs, mask=v_mask, other=0.0).to(DOT)
+    return k1, k2, v_tile, visible
+
+
 def _fwd_tiles(
     acc1, l1, m1, acc2, l2, m2, q1, q2, k_base, v_base, lo, hi, offs_m,
     skm, skn, skd, svn, sve, n_ctx, width, v_width, qk_scale,
@@ -49,30 +112,15 @@ def _fwd_tiles(
 ):  # fmt: skip
     # The forward's key tiles from `lo` to `hi`: the online softmax of both maps against each K/V tile.
     # MASKED: tiles the diagonal (or the sequence's end) crosses; otherwise every entry is visible.
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_e = tl.arange(0, BLOCK_E)
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        kt_ptrs = k_base + offs_n[None, :] * skn + offs_d[:, None] * skd  # K^T tile (BLOCK_D, BLOCK_N)
-        v_ptrs = v_base + offs_n[:, None] * svn + offs_e[None, :] * sve
-        if MASKED:
-            col_ok = offs_n < n_ctx
-            kt_mask = col_ok[None, :] & (offs_d[:, None] < width)
-            v_mask = col_ok[:, None] & (offs_e[None, :] < v_width)
-        else:
-            kt_mask = offs_d[:, None] < width
-            v_mask = offs_e[None, :] < v_width
-        k1t = tl.load(kt_ptrs, mask=kt_mask, other=0.0).to(DOT)
-        s1 = tl.dot(q1, k1t, input_precision=PRECISION)
+        k1, k2, v_tile, visible = _key_tile(
+            k_base, v_base, start_n, offs_m, skm, skn, skd, svn, sve, n_ctx, width, v_width,
+            MAPS, BLOCK_N, BLOCK_D, BLOCK_E, DOT, MASKED,
+        )  # fmt: skip
+        s1 = tl.dot(q1, tl.trans(k1), input_precision=PRECISION)
         s2 = s1
         if MAPS == 2:  # map 2's product before map 1's softmax, so that map 2's softmax runs under P1 V
-            k2t = tl.load(kt_ptrs + skm, mask=kt_mask, other=0.0).to(DOT)
-            s2 = tl.dot(q2, k2t, input_precision=PRECISION)
-        v_tile = tl.load(v_ptrs, mask=v_mask, other=0.0).to(DOT)
-        if MASKED:
-            visible = (offs_m[:, None] >= offs_n[None, :]) & col_ok[None, :]
-        else:
-            visible = 0  # every entry is seen
+            s2 = tl.dot(q2, tl.trans(k2), input_precision=PRECISION)
         acc1, l1, m1 = _softmax_pv(
             acc1, l1, m1, s1, v_tile, visible, k_base, qk_scale, PRECISION, DOT, MASKED
         )  # fmt: skip
@@ -93,25 +141,11 @@ def _fwd(
     MAPS: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    # Causal: the last query blocks see the most keys; the GPU starts blocks in order of their index,
-    # so index 0 takes the last block: the longest first, the short ones fill the last wave.
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // heads
-    head = pid_bh % heads
-    group = head // reps
+    pid_bh, b, head, group, first, offs_m, row_ok, _, _, q1, q2 = _query_block(
+        Q, heads, reps, n_ctx, width, sqb, sqm, sqh, sqn, sqd, MAPS, BLOCK_M, BLOCK_D, DOT
+    )  # fmt: skip
     qk_scale = scale * LOG2E  # scores in base 2: exp2 is the cheap one
-    first = pid_m * BLOCK_M
-    offs_m = first + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_E)
-    row_ok = offs_m < n_ctx
-    q_ptrs = Q + b * sqb + head * sqh + offs_m[:, None] * sqn + offs_d[None, :] * sqd
-    q_mask = row_ok[:, None] & (offs_d[None, :] < width)
-    q1 = tl.load(q_ptrs, mask=q_mask, other=0.0).to(DOT)
-    q2 = q1
-    if MAPS == 2:
-        q2 = tl.load(q_ptrs + sqm, mask=q_mask, other=0.0).to(DOT)
     m1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l1 = tl.full([BLOCK_M], 0.0, tl.float32)
     acc1 = tl.full([BLOCK_M, BLOCK_E], 0.0, tl.float32)

@@ -1,4 +1,4 @@
-"""Launch configurations of the `triton` backend's kernels (components/attention/triton_kernels.py), chosen
+"""Launch configurations of the `triton` backend's kernels (components/attention/triton/kernels.py), chosen
 by measurement per kernel.
 
 Each of the three tiled kernels (`forward`, `backward_kv`: dK/dV and the single pass's dQ atomics,
@@ -83,7 +83,7 @@ def bucket(seq_len: int) -> int:
 # benchmarks/triton_sm90_after.md has their registers). Eight warps are two warp groups: a wgmma warp group
 # covers 64 rows, so 8 warps on a 64-row product compute it twice; they go with 128-row products, or with
 # 32-row tiles on mma.sync, which Triton splits by columns. The backward_kv kernel's products (but dQ) have
-# the key block's rows (triton_backward: S^T = K Q^T).
+# the key block's rows (backward.py: S^T = K Q^T).
 NARROW = {
     "forward": [(128, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2), (128, 64, 8, 3)],
     "backward_kv": [(16, 128, 8, 2), (16, 64, 4, 2), (16, 128, 8, 3), (16, 64, 4, 3)],
@@ -103,7 +103,7 @@ def candidates(kernel: str, dtype: torch.dtype, v_width: int) -> list[Config]:
     configurations timed for all three kernels at once: reports/gpu-h200/tune_triton.csv); the single
     pass holds dK1, dK2 and dV for its key block (the block's rows x 4d float32 for Diff), so its query
     tiles are short (16 rows) against 128 keys with 8 warps or 64 with 4; V wider than 128 takes the
-    two-kernel backward (triton_op.single_pass), whose dK/dV kernel walks 64-row query tiles against
+    two-kernel backward (op.single_pass), whose dK/dV kernel walks 64-row query tiles against
     16-row key blocks; the dQ kernel holds dQ1 and dQ2 only and takes query blocks of 64 or 128."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(KERNELS)}")

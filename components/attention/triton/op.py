@@ -1,4 +1,4 @@
-"""The `triton` backend: `components.attention.triton_kernels` as torch custom ops.
+"""The `triton` backend: `components.attention.triton.kernels` as torch custom ops.
 
 Registered through `torch.library.custom_op` with fake (meta) implementations and `register_autograd`,
 so torch.compile traces the forward and the backward as one opaque node each instead of breaking the
@@ -6,7 +6,7 @@ graph, and Lightning's loop sees an ordinary differentiable call. Triton is an o
 (`pip install 'ablate[triton]'`): it is imported on the first call, and a missing package is one line.
 CPU tensors run through Triton's interpreter (slow, exact: how the kernels are tested without a GPU),
 CUDA tensors through the compiled kernels. Each kernel launches with its own configuration (tiles, warps,
-stages), timed on the GPU and remembered by `components.attention.triton_configs`, the interpreter's fixed
+stages), timed on the GPU and remembered by `components.attention.triton.configs`, the interpreter's fixed
 one on CPU, or the tiles a caller passes (`block`: tests and benchmarks).
 
 Ops (q (B, M, h, N, d) with M = 2 maps for differential attention or 1 for softmax attention,
@@ -33,7 +33,7 @@ import math
 import torch
 
 from ablate.core.errors import UserError
-from components.attention import triton_configs
+from components.attention.triton import configs
 
 TRITON_MISSING = "attention_backend: triton needs the triton package (pip install 'ablate[triton]')"
 MAX_WIDTH = 256  # V's width (2d for differential attention): two float32 accumulators that wide per block
@@ -115,20 +115,20 @@ def _launch(
 ) -> None:
     """Run `launch(block_m, block_n, options)` once with `kernel`'s configuration: the tiles given
     (block_m > 0: tests and benchmarks, every kernel alike), the interpreter's fixed one on CPU, or on
-    CUDA the one `triton_configs` chose for the kernel, shape, dtype and GPU (timed with `launch` itself
+    CUDA the one `configs` chose for the kernel, shape, dtype and GPU (timed with `launch` itself
     the first time)."""
     if block_m:
         rows = block_n if kernel == "backward_kv" else block_m  # the rows of most of its products
         launch(block_m, block_n, _warps(q, rows) | _launch_options(q, width, v_width, block_m, block_n))
         return
     if q.device.type != "cuda":
-        config = triton_configs.INTERPRETED
+        config = configs.INTERPRETED
         launch(
             config.block_m, config.block_n, _launch_options(q, width, v_width, config.block_m, config.block_n)
         )
         return
     capability = torch.cuda.get_device_capability(q.device)
-    key = triton_configs.Key(kernel, q.shape[1], width, v_width, q.dtype, q.shape[3], capability, atomic)
+    key = configs.Key(kernel, q.shape[1], width, v_width, q.dtype, q.shape[3], capability, atomic)
 
     def run(config) -> None:
         options = _launch_options(q, width, v_width, config.block_m, config.block_n)
@@ -138,7 +138,7 @@ def _launch(
             options | {"num_warps": config.num_warps, "num_stages": config.num_stages},
         )
 
-    run(triton_configs.chooser().choose(key, run))
+    run(configs.chooser().choose(key, run))
 
 
 def _pow2(n: int) -> int:
@@ -156,21 +156,21 @@ def _launch_options(q: torch.Tensor, width: int, v_width: int, block_m: int, blo
         "BLOCK_D": _pow2(width),
         "BLOCK_E": _pow2(v_width),
         "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
-        "DOT": tl.float32 if interpret and dtype == tl.bfloat16 else dtype,  # triton_kernels: `DOT`
+        "DOT": tl.float32 if interpret and dtype == tl.bfloat16 else dtype,  # kernels.py: `DOT`
     }
     return options
 
 
 def _warps(q: torch.Tensor, rows: int) -> dict:
     """The launch options of tiles a caller passes (the interpreter takes none)."""
-    return {} if q.device.type == "cpu" else {"num_warps": triton_configs.warps(rows), "num_stages": 2}
+    return {} if q.device.type == "cpu" else {"num_warps": configs.warps(rows), "num_stages": 2}
 
 
 def _kernels(device: torch.device):
     require()
-    from components.attention import triton_kernels
+    from components.attention.triton import kernels
 
-    return triton_kernels.kernels(device.type == "cpu")
+    return kernels.kernels(device.type == "cpu")
 
 
 def _outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
