@@ -19,7 +19,7 @@ from ablate.store import tracking
 from ablate.store.stores import Stores
 from ablate.train.optimizer import lr_factor
 from ablate.train.run import train_run
-from components.attention import triton_configs
+from components.attention.triton import configs as triton_configs
 
 
 def _run(recipe_path: Path, variant: str, overrides=(), seed: int = 0):
