@@ -14,7 +14,7 @@ from mini_project import write_recipe
 
 from ablate.cli import main
 from ablate.core.workspace import Workspace
-from ablate.recipe.resolve import load_recipe
+from ablate.recipe.loading import load_recipe
 from ablate.store import tracking
 from ablate.store.stores import Stores
 from ablate.train.optimizer import lr_factor
@@ -279,7 +279,7 @@ def test_the_kernel_auto_resolves_to_is_what_the_run_records():
     """`auto` depends on device, dtype and CPU kind: the tag names what the layers' cores resolve to."""
     from dataclasses import replace
 
-    from ablate.recipe.resolve import load_recipe
+    from ablate.recipe.loading import load_recipe
     from ablate.train.choices.decided import Placement
     from ablate.train.records import run_attention_kernel
     from components.attention import backends
