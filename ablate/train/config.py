@@ -63,7 +63,14 @@ class TrainConfig:
         accelerator: Lightning accelerator (auto, cpu, gpu, ...)
         devices: devices per node (several: DDP, started by ablate itself)
         num_nodes: nodes (several: run the same command on each, see docs/scaling-out.md)
-        strategy: Lightning strategy (auto or ddp)
+        strategy: auto (one device; several: ddp, or fsdp where the memory plan says a replica does not
+            fit), ddp (a whole replica on every device), or fsdp (FSDP2 through Lightning's
+            ModelParallelStrategy: parameters, gradients and AdamW's state sharded over the devices;
+            docs/scaling-out.md)
+        activation_checkpointing: recompute each decoder block's activations in the backward instead of
+            keeping them (the same losses, less memory, about one more forward's time)
+        gpu_memory_gb: the memory of one device the plan is checked against where no GPU is present (None:
+            this machine's GPU, or an 80 GB card)
     """
 
     seq_len: int = size(MAX_SEQ_LEN)
@@ -92,6 +99,8 @@ class TrainConfig:
     devices: int = size(MAX_DEVICES, default=1)
     num_nodes: int = size(MAX_NODES, default=1)
     strategy: str = "auto"
+    activation_checkpointing: bool = False
+    gpu_memory_gb: float | None = None
 
     def __post_init__(self) -> None:
         check_sizes(self, "train")
@@ -120,6 +129,8 @@ class TrainConfig:
                 f"train.strategy: {self.strategy!r} is not supported; use ddp (ablate starts one "
                 "process per device itself, see ablate/train/launch.py)"
             )
+        if self.gpu_memory_gb is not None and not 0 < self.gpu_memory_gb < math.inf:
+            raise UserError(f"train.gpu_memory_gb: must be a positive number of GB, got {self.gpu_memory_gb}")
         world = self.devices * self.num_nodes
         if world > 1 and self.val_batches < world:
             raise UserError(
@@ -156,7 +167,13 @@ class TrainConfig:
 
 # Train keys added after runs were first keyed, with their defaults: a run at the defaults hashes as before
 # (ablate.recipe.resolve.RunSpec.key), so studies made before the key existed keep their run keys.
-TRAIN_KEYS_ADDED_LATER = {"schedule": "linear", "cooldown_fraction": 0.2, "cooldown_shape": "linear"}
+TRAIN_KEYS_ADDED_LATER = {
+    "schedule": "linear",
+    "cooldown_fraction": 0.2,
+    "cooldown_shape": "linear",
+    "activation_checkpointing": False,
+    "gpu_memory_gb": None,
+}
 
 # A value that took an earlier default's place is keyed as that default: `compile: auto` (the default since
 # it replaced `false`) keys as `false`, so runs made before keep their keys. It names how the run is
