@@ -344,7 +344,14 @@ def test_a_standard_run_keeps_its_key():
                 **{
                     k: v
                     for k, v in run.config["train"].items()
-                    if k not in ("schedule", "cooldown_fraction", "cooldown_shape")
+                    if k
+                    not in (
+                        "schedule",
+                        "cooldown_fraction",
+                        "cooldown_shape",
+                        "activation_checkpointing",
+                        "gpu_memory_gb",
+                    )
                 },
                 "compile": False,
             },
