@@ -46,6 +46,10 @@ ATTENTION_KERNEL = PREFIX + "attention_kernel"
 ATTENTION_CHOICE = PREFIX + "attention_choice"  # `auto` on CUDA: the core measured fastest
 ATTENTION_TIMINGS_MS = PREFIX + "attention_timings_ms"  # json: each candidate's milliseconds
 COMPILED = PREFIX + "compiled"  # "true" | "false": the model trains under torch.compile, as decided
+# json: the chooser key of each `triton` kernel and shape the run launched -> its launch configuration
+# ("128x64 w8 s2": tiles of query and key rows, warps, stages; ablate.model.kernels), written when the
+# run finishes; absent where no kernel launched through the chooser (another backend, or interpreted)
+TRITON_LAUNCH = PREFIX + "triton_launch"
 MACHINE = PREFIX + "machine"
 TORCH = PREFIX + "torch"  # the torch version that trained the run
 

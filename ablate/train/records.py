@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ablate.hardware.machine import machine_description
+from ablate.model import kernels
 from ablate.model.config import ModelConfig
 from ablate.model.decoder import MetaBlocks, attention_kernel, meta_blocks
 from ablate.recipe.resolve import RunSpec
@@ -44,6 +45,8 @@ class TrainResult:
     compile_seconds: float = 0.0  # of `seconds`, spent in torch.compile (`train.compile`)
     # `seconds` is this attempt's; a resumed run's earlier attempts, up to its checkpoint, spent this more
     earlier_attempts_seconds: float = 0.0  # (ablate.train.training_clock)
+    # the `triton` kernels' launch configurations this attempt trained with (ablate.model.kernels.launched)
+    triton_launches: dict[str, str] = field(default_factory=dict)
     reason: str = ""
     history: list[dict[str, float]] = field(default_factory=list)
 
@@ -96,6 +99,7 @@ def finished_result(
         seconds=seconds,
         compile_seconds=compiling,
         earlier_attempts_seconds=earlier_seconds,
+        triton_launches=kernels.launched(),
         history=history,
     )
 
@@ -213,6 +217,8 @@ def write_result(folder: Path, result: TrainResult) -> None:
 def finish_in_mlflow(client: Any, run_id: str, result: TrainResult) -> None:
     summary = {**{k: v for k, v in asdict(result).items() if k != "history"}, "status": "finished"}
     tracking.log_json(client, run_id, summary, "final_metrics.json")
+    if result.triton_launches:  # chosen at the kernels' first launch, so known only now
+        client.set_tag(run_id, names.TRITON_LAUNCH, json.dumps(result.triton_launches))
     client.set_terminated(run_id, status="FINISHED")
 
 

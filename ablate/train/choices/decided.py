@@ -75,4 +75,5 @@ def decide(run: Any, workspace: Workspace, *, where: Placement | None = None, **
         run.model, run.train, where.device, where.precision, workspace.attention_choices, **timing
     )
     model = choice.model(run.model) if choice else run.model
+    kernels.record_launches()  # the run's launches from here: not the candidates measured above
     return Decided(where, choice, model, training_config(run.train, choice))
