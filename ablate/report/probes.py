@@ -16,6 +16,7 @@ import json
 import math
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,48 +91,63 @@ def summary_groups(values: dict[str, dict[str, float]]) -> dict[tuple[str, str],
     return {key: sorted(groups[key], key=_stat_order) for key in order}
 
 
-def _rows(ctx: SweepContext, records: list[Any]) -> list[tuple[str, str, list[Any]]]:
-    """(size, variant, finished records) in the recipe's order; the first of each size is the reference."""
-    by_key: dict[tuple[str, str], list[Any]] = defaultdict(list)
-    for r in records:
-        if r.state == "finished" and r.run_id:
-            by_key[(r.size, r.variant)].append(r)
-    sizes = sorted({s for s, _ in by_key}, key=lambda s: (s != "", s))
-    return [(s, v, by_key[(s, v)]) for s in sizes for v in ctx.recipe.variants if (s, v) in by_key]
+@dataclass(frozen=True)
+class ProbeGroup:
+    """One probe group over a sweep's runs, what its tables and its plot read: the group's statistics
+    (`columns`) and the runs' values (`values`: run id -> {`<probe>/<group>/<stat>`: value})."""
+
+    ctx: SweepContext
+    records: list[Any]
+    values: dict[str, dict[str, float]]
+    probe: str
+    group: str
+    columns: list[str]
+
+    def rows(self) -> list[tuple[str, str, list[Any]]]:
+        """(size, variant, finished records) in the recipe's order; the first of each size is the reference."""
+        by_key: dict[tuple[str, str], list[Any]] = defaultdict(list)
+        for r in self.records:
+            if r.state == "finished" and r.run_id:
+                by_key[(r.size, r.variant)].append(r)
+        sizes = sorted({s for s, _ in by_key}, key=lambda s: (s != "", s))
+        variants = self.ctx.recipe.variants
+        return [(s, v, by_key[(s, v)]) for s in sizes for v in variants if (s, v) in by_key]
+
+    def metric(self, stat: str) -> str:
+        return f"{self.probe}/{self.group}/{stat}"
+
+    def per_seed(self, stat: str, records: list[Any]) -> dict[int, float]:
+        """seed -> `stat` of each of `records` (NaN where a run has none)."""
+        return {r.seed: self.values.get(r.run_id, {}).get(self.metric(stat), math.nan) for r in records}
+
+    def intervals(self, records: list[Any]) -> list[Any]:
+        """Each column's mean over the seeds of `records` with its 95% Student-t interval."""
+        return [stats.mean_ci(self.per_seed(c, records).values()) for c in self.columns]
 
 
-def group_tables(
-    ctx: SweepContext,
-    records: list[Any],
-    values: dict[str, dict[str, float]],
-    probe: str,
-    group: str,
-    columns: list[str],
-    summary: list[dict[str, Any]] | None = None,
-) -> tuple[str, str]:
+def group_tables(g: ProbeGroup, summary: list[dict[str, Any]] | None = None) -> tuple[str, str]:
     """(values table, paired-difference table) in Markdown for one probe group; each cell as numbers is
     appended to `summary` when given."""
-    rows = _rows(ctx, records)
+    probe, group, columns = g.probe, g.group, g.columns
+    rows = g.rows()
     sized = any(s for s, _, _ in rows)
-    digits = {c: _digits([m.get(f"{probe}/{group}/{c}", math.nan) for m in values.values()]) for c in columns}
-    labels = {k: v.label for k, v in ctx.recipe.variants.items()}
+    digits = {c: _digits([m.get(g.metric(c), math.nan) for m in g.values.values()]) for c in columns}
+    labels = {k: v.label for k, v in g.ctx.recipe.variants.items()}
     head = ["Model"] + (["size"] if sized else []) + columns + ["seeds"]
     table, diffs = [], []
     reference: dict[str, list[Any]] = {}
     for size, variant, group_records in rows:
-
-        def per_seed(stat: str, rs: list[Any] = group_records) -> dict[int, float]:
-            return {r.seed: values.get(r.run_id, {}).get(f"{probe}/{group}/{stat}", math.nan) for r in rs}
-
         reference.setdefault(size, group_records)
         first = reference[size] is group_records
-        intervals = [stats.mean_ci(per_seed(c).values()) for c in columns]
+        intervals = g.intervals(group_records)
         cells = [stats.format_ci(iv, digits[c]) for iv, c in zip(intervals, columns)]
-        probed = sum(1 for r in group_records if r.run_id in values)
+        probed = sum(1 for r in group_records if r.run_id in g.values)
         lead = [labels.get(variant, variant)] + ([size] if sized else [])
         table.append(lead + cells + [f"{probed}/{len(group_records)}"])
         paired = [
-            None if first else stats.paired_difference(per_seed(c), per_seed(c, reference[size]))
+            None
+            if first
+            else stats.paired_difference(g.per_seed(c, group_records), g.per_seed(c, reference[size]))
             for c in columns
         ]
         if not first:
@@ -163,32 +179,20 @@ def _summary_row(
     }
 
 
-def plot_vs_bits(
-    ctx: SweepContext,
-    records: list[Any],
-    values: dict[str, dict[str, float]],
-    probe: str,
-    group: str,
-    columns: list[str],
-    path: Path,
-) -> Path:
+def plot_vs_bits(g: ProbeGroup, path: Path) -> Path:
     """Figure 8 style: the group's score against bits (wide to narrow), one line per row, with the 95%
     Student-t interval over seeds as error bars when there are two seeds or more."""
     from ablate.core import plot_style
     from ablate.recipe.schema import row_labels
 
-    bits = [int(BITS.match(c).group(1)) for c in columns]
+    probe, group = g.probe, g.group
+    bits = [int(BITS.match(c).group(1)) for c in g.columns]
     fig, ax = plot_style.figure(6, 4.2)
-    labels = row_labels(ctx.recipe.variants)  # Table 6's two Transformer rows: the key tells them apart
-    colors = plot_style.variant_colors(ctx.recipe.variants)
+    labels = row_labels(g.ctx.recipe.variants)  # Table 6's two Transformer rows: the key tells them apart
+    colors = plot_style.variant_colors(g.ctx.recipe.variants)
     seeds = 0
-    for size, variant, group_records in _rows(ctx, records):
-        cells = [
-            stats.mean_ci(
-                [values.get(r.run_id, {}).get(f"{probe}/{group}/{c}", math.nan) for r in group_records]
-            )
-            for c in columns
-        ]
+    for size, variant, group_records in g.rows():
+        cells = g.intervals(group_records)
         seeds = max(seeds, *(c.n for c in cells))
         label = labels.get(variant, variant) + (f" ({size})" if size else "")
         plot_style.series(ax, bits, [c.mean for c in cells], label=label, color=colors[variant])
@@ -220,13 +224,14 @@ def write_probe_report(ctx: SweepContext, records: list[Any], folder: Path) -> l
     settings = _settings(ctx, records)
     summary: list[dict[str, Any]] = []
     for (probe, group), columns in groups.items():
-        table, diffs = group_tables(ctx, records, values, probe, group, columns, summary)
+        g = ProbeGroup(ctx, records, values, probe, group, columns)
+        table, diffs = group_tables(g, summary)
         sections += [f"## {probe}: {group}", "", table, ""]
         if diffs:
             sections += [diffs, ""]
         if all(BITS.match(c) for c in columns):
             name = f"{probe}_{group}_vs_bits.png"
-            written.append(plot_vs_bits(ctx, records, values, probe, group, columns, folder / name))
+            written.append(plot_vs_bits(g, folder / name))
             sections += [f"![{probe} {group} vs bits]({name})", ""]
     sections.append(
         "Cells: mean over seeds [95% Student-t interval]; Δ: paired by seed against the first row, "

@@ -79,14 +79,13 @@ def test_loss_curves_one_entry_per_variant_markers_at_validations(figures, tmp_p
 
 
 def test_probe_plot_keeps_the_loss_plots_colours_and_promises_no_interval_for_one_seed(figures, tmp_path):
-    from ablate.report.probes import plot_vs_bits
+    from ablate.report.probes import ProbeGroup, plot_vs_bits
     from ablate.report.table import plot_loss_curves
 
     records = _records(seeds=(0,))
     values = {r.run_id: {f"quantization/loss/bits_{b}": 4.0 + 1 / b for b in (16, 8, 4)} for r in records}
-    plot_vs_bits(
-        _ctx(), records, values, "quantization", "loss", ["bits_16", "bits_8", "bits_4"], tmp_path / "q.png"
-    )
+    columns = ["bits_16", "bits_8", "bits_4"]
+    plot_vs_bits(ProbeGroup(_ctx(), records, values, "quantization", "loss", columns), tmp_path / "q.png")
     plot_loss_curves(records, UNIQUE, tmp_path / "l.png", ORDER)
     probe, loss = figures
     _check_legends(probe)

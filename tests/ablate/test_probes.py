@@ -250,7 +250,7 @@ def test_probe_tables_on_known_numbers():
     from types import SimpleNamespace
 
     from ablate.recipe.schema import Variant
-    from ablate.report.probes import group_tables, summary_groups
+    from ablate.report.probes import ProbeGroup, group_tables, summary_groups
 
     recipe = SimpleNamespace(variants={"a": Variant(label="A"), "b": Variant(label="B")})
     ctx = SimpleNamespace(recipe=recipe, scale="tiny")
@@ -276,7 +276,7 @@ def test_probe_tables_on_known_numbers():
         ("outliers", "logits"): ["top1", "median"],
         ("quantization", "loss"): ["bits_16", "bits_4"],
     }
-    table, diffs = group_tables(ctx, records, values, "outliers", "logits", ["top1", "median"])
+    table, diffs = group_tables(ProbeGroup(ctx, records, values, "outliers", "logits", ["top1", "median"]))
     row_a = next(line for line in table.splitlines() if line.startswith("| A"))
     assert "3.100 [2.852, 3.348]" in row_a and "| 3/3 " in row_a  # t(0.975, 2) = 4.3027
     row_b = next(line for line in diffs.splitlines() if line.startswith("| B"))
