@@ -39,6 +39,14 @@ def rel(a, b):
     return ((a.double() - b).norm() / b.norm()).item()
 
 
+def printed(script: str) -> list[str]:
+    """The words `script` prints in a fresh interpreter started in the repository (what it imports and
+    reads counted from nothing: this process has imported everything already)."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
 def test_flash_seam_reports_a_missing_package(no_flash):
     with pytest.raises(UserError) as e:
         sdpa.flash_attn_func()
@@ -119,9 +127,7 @@ def test_cpuinfo_is_read_once_per_process():
         "        backends.cpu_has_amx()\n"
         "print(reads.count('/proc/cpuinfo'), len(parses))\n"
     )
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["1", "0"]  # read and parsed at import; neither again per call
+    assert printed(script) == ["1", "0"]  # read and parsed at import; neither again per call
 
 
 def test_unknown_backend():
@@ -240,9 +246,7 @@ def test_flash_attn_is_probed_once_at_import():
         "    backends.resolve('auto', torch.device('cuda'), torch.bfloat16, diff=True)\n"
         "print(after_import, finder.lookups)\n"
     )
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["1", "1"]  # one lookup, at import; none per call
+    assert printed(script) == ["1", "1"]  # one lookup, at import; none per call
 
 
 def test_flash_attn_probe_is_not_called_under_compile(monkeypatch):
