@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from attention_setup import reference_diff_shapes
 
 from ablate.core.errors import UserError
 from ablate.model.interop import load_reference_diff_attention
@@ -18,17 +19,7 @@ def reference_state_dict(num_kv_heads: int | None, seed: int = 0) -> dict[str, t
     """Random tensors shaped as the reference's MultiheadFlashDiff2 (k/v: embed_dim // n_rep rows)."""
     g = torch.Generator().manual_seed(seed)
     rep = HEADS // (num_kv_heads or HEADS)
-    shapes = {
-        "q_proj.weight": (EMBED, EMBED),
-        "k_proj.weight": (EMBED // rep, EMBED),
-        "v_proj.weight": (EMBED // rep, EMBED),
-        "out_proj.weight": (EMBED, EMBED),
-        "lambda_q1": (HEAD_DIM,),
-        "lambda_k1": (HEAD_DIM,),
-        "lambda_q2": (HEAD_DIM,),
-        "lambda_k2": (HEAD_DIM,),
-        "subln.weight": (2 * HEAD_DIM,),
-    }
+    shapes = reference_diff_shapes(EMBED, EMBED // rep, HEAD_DIM)
     sd = {name: torch.randn(shape, generator=g) * 0.3 for name, shape in shapes.items()}
     sd["subln.weight"] += 1.0
     return sd
