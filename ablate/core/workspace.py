@@ -24,6 +24,19 @@ from pathlib import Path
 from ablate.core.errors import UserError
 
 
+class _Under:
+    """A path below a workspace's root, read as an attribute (`workspace.logs`): the layout above, one line
+    a path."""
+
+    def __init__(self, *parts: str):
+        self.parts = parts
+
+    def __get__(self, workspace: Workspace | None, owner: type | None = None) -> Path:
+        if workspace is None:  # on the class itself (help, introspection): the descriptor
+            return self  # type: ignore[return-value]
+        return workspace.root.joinpath(*self.parts)
+
+
 @dataclass(frozen=True)
 class Workspace:
     """The layout of one workspace folder; `root` is made absolute, so the paths stay right when a child
@@ -31,15 +44,22 @@ class Workspace:
 
     root: Path
 
+    runs = _Under("runs")
+    token_cache = _Under("cache", "tokens")
+    tokenizer_cache = _Under("cache", "tokenizers")
+    attention_choices = _Under("cache", "attention_choices.json")
+    kernel_configs = _Under("cache", "kernels")
+    logs = _Under("logs")
+    slurm = _Under("slurm")
+    mlflow_db = _Under("mlflow.db")
+    artifacts = _Under("artifacts")
+    journal = _Under("optuna.journal")
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root).resolve())
 
     def __str__(self) -> str:
         return str(self.root)
-
-    @property
-    def runs(self) -> Path:
-        return self.root / "runs"
 
     def run_folder(self, experiment: str, run_folder_name: str) -> Path:
         """One run's folder: its checkpoints, result and lock."""
@@ -48,42 +68,6 @@ class Workspace:
     def stable_folder(self, experiment: str, stable_name: str) -> Path:
         """Where a budgeted study keeps one (row, size, seed)'s stable-phase state."""
         return self.runs / experiment / "stable" / stable_name
-
-    @property
-    def token_cache(self) -> Path:
-        return self.root / "cache" / "tokens"
-
-    @property
-    def tokenizer_cache(self) -> Path:
-        return self.root / "cache" / "tokenizers"
-
-    @property
-    def attention_choices(self) -> Path:
-        return self.root / "cache" / "attention_choices.json"
-
-    @property
-    def kernel_configs(self) -> Path:
-        return self.root / "cache" / "kernels"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def slurm(self) -> Path:
-        return self.root / "slurm"
-
-    @property
-    def mlflow_db(self) -> Path:
-        return self.root / "mlflow.db"
-
-    @property
-    def artifacts(self) -> Path:
-        return self.root / "artifacts"
-
-    @property
-    def journal(self) -> Path:
-        return self.root / "optuna.journal"
 
     def create(self) -> Workspace:
         """The workspace, made if missing and checked writable; one line naming --workspace if not."""
