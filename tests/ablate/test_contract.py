@@ -95,6 +95,13 @@ def tiny_recipe(tmp_path: Path, variants: dict, **top) -> Path:
     return path
 
 
+def checked(capsys, path: Path) -> str:
+    """What `ablate check RECIPE --scale tiny` prints, having passed (exit 0)."""
+    code, out, err = run_cli(capsys, "check", path, "--scale", "tiny")
+    assert code == 0, err
+    return out
+
+
 def check_rows(out: str) -> dict[str, dict[str, str]]:
     lines = [line for line in out.splitlines() if line.startswith("|")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
@@ -189,8 +196,7 @@ def test_readme_example_is_matched_beside_table6(tmp_path, capsys, readme_module
         {"gated": {"label": "Gated", "model": {"attention": {"name": "gated"}}}},
         imports=["my_attention"],
     )
-    code, out, err = run_cli(capsys, "check", path, "--scale", "tiny")
-    assert code == 0, err
+    out = checked(capsys, path)
     rows = check_rows(out)
     assert list(rows) == ["transformer", "diff", "gated"]
     assert (rows["gated"]["#heads"], rows["gated"]["d"], rows["gated"]["GN"]) == ("8", "16", "no")
@@ -234,8 +240,7 @@ def test_a_plugin_without_position_beside_rope_rows_is_named(tmp_path, capsys, m
         {"plain": {"label": "Plain", "model": {"attention": {"name": "no_rope_attention"}}}},
         imports=["no_rope_plugin"],
     )
-    code, out, err = run_cli(capsys, "check", path, "--scale", "tiny")
-    assert code == 0, err
+    out = checked(capsys, path)
     expected = (
         "variants.plain: model.attention does not take model.position (rope) that the other rows use: "
         "it trains without positional encoding"
@@ -248,8 +253,7 @@ def test_a_plugin_without_position_beside_rope_rows_is_named(tmp_path, capsys, m
     raw = yaml.safe_load(path.read_text())  # without position encoding anywhere there is nothing to miss
     raw["base"]["model"]["position"] = "none"
     path.write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
-    code, out, err = run_cli(capsys, "check", path, "--scale", "tiny")
-    assert code == 0, err
+    out = checked(capsys, path)
     assert "does not take" not in out
 
 
