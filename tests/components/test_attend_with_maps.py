@@ -104,12 +104,17 @@ def _x(seed: int = 1) -> torch.Tensor:
     return torch.randn(BATCH, SEQ, D_MODEL)
 
 
-@pytest.mark.parametrize(("n_kv_heads", "norm"), [(None, True), (None, False), (3, True), (3, False)])
-def test_softmax_maps_match_float64_and_forward(reference, n_kv_heads, norm):
-    module = make("softmax", n_kv_heads=n_kv_heads, per_head_norm=norm)
+def _with_maps(name: str, n_kv_heads, norm: bool):
+    """The math backend's `name` (analysable), an input, and its output with its maps."""
+    module = make(name, n_kv_heads=n_kv_heads, per_head_norm=norm)
     assert isinstance(module, AnalysableAttention)
     x = _x()
-    out, maps = module.attend_with_maps(x)
+    return module, x, module.attend_with_maps(x)
+
+
+@pytest.mark.parametrize(("n_kv_heads", "norm"), [(None, True), (None, False), (3, True), (3, False)])
+def test_softmax_maps_match_float64_and_forward(reference, n_kv_heads, norm):
+    module, x, (out, maps) = _with_maps("softmax", n_kv_heads, norm)
     ref_out, ref_logits, ref_maps = softmax_maps64(module, x, reference)
     (logits,) = maps.logits
     assert logits.shape == (BATCH, module.n_heads, SEQ, SEQ) and logits.dtype == torch.float32
@@ -125,10 +130,7 @@ def test_softmax_maps_match_float64_and_forward(reference, n_kv_heads, norm):
 
 @pytest.mark.parametrize(("n_kv_heads", "norm"), [(None, True), (None, False), (3, True), (3, False)])
 def test_diff_maps_match_float64_and_forward(reference, n_kv_heads, norm):
-    module = make("diff", n_kv_heads=n_kv_heads, per_head_norm=norm)
-    assert isinstance(module, AnalysableAttention)
-    x = _x()
-    out, maps = module.attend_with_maps(x)
+    module, x, (out, maps) = _with_maps("diff", n_kv_heads, norm)
     ref_out, (ref_l1, ref_l2), ref_eff = diff_maps64(module, x, reference)
     assert len(maps.logits) == 2
     causal = causal_mask(SEQ)
