@@ -8,14 +8,19 @@ every function or method of `--function-lines` lines or more (nested ones too, c
 its last line), the length of `ablate/cli.py`, the import circles and the imports that break the layer
 rules, as `tests/ablate/test_layers.py` finds them (its functions are imported here, not copied), and a
 run's walk from its entry into `ablate/train/` to its result (`benchmarks/call_walk.py`: the functions
-entered, the files and folders touched, the returns across files). Pairs of duplicated lines are left to a
-duplicate finder. A report of where the tree stands, not a limit: it always exits 0.
+entered, the files and folders touched, the returns across files). Pairs of duplicated lines are the
+`duplicates` command's to find (places sharing six or more lines); where it is on PATH, its count of pairs
+over the tree is the last line, so the counts are in one place. A report of where the tree stands, not a
+limit: it always exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -93,6 +98,32 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {problem}")
 
     print_walk()
+    print_duplicates()
+
+
+def print_duplicates(root: Path = ROOT) -> None:
+    """The `duplicates` command's count of pairs over `root`, in one line, where the command is on PATH
+    (its first line counts them: "N pairs of places (...)", "1 pair of ...", or "no duplicates ...")."""
+    finder = shutil.which("duplicates")
+    if finder is None:
+        print("duplicate pairs: not counted (no `duplicates` command on PATH)")
+        return
+    try:
+        out = subprocess.run(
+            [finder, "--repo", str(root)], capture_output=True, text=True, timeout=300
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"duplicate pairs: not counted (`duplicates` failed: {e})")
+        return
+    lines = out.splitlines()
+    first = lines[0] if lines else "no output"
+    count = re.match(r"(\d+) pairs? of places", first)
+    counted = count.group(1) if count else "0" if first.startswith("no duplicates") else None
+    if counted is None:
+        print(f"duplicate pairs: not counted (`duplicates` said: {first})")
+        return
+    incomplete = next((line for line in lines if line.startswith("incomplete:")), "")
+    print(f"duplicate pairs: {counted}" + (f" ({incomplete})" if incomplete else ""))
 
 
 def print_walk() -> None:

@@ -1,12 +1,16 @@
 """The house's counts (benchmarks/house_counts.py, benchmarks/call_walk.py): a run's walk counted on a
 planted tree whose answer is known, and the counts the tree holds today: no function of 80 lines or more,
-no module of train/ or bench/ over 500 lines, a run's walk within 7 folders."""
+no module of train/ or bench/ over 500 lines, a run's walk within 7 folders; the `duplicates` command's
+count of pairs in one line, on planted trees (where the command is on PATH), or a line saying it is not."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -108,3 +112,29 @@ def test_the_tree_holds_its_counts(capsys):
     printed = capsys.readouterr().out
     assert f"{len(run.files)} files in {len(run.folders)} folders" in printed
     assert f"{len(run.returns)} returns across files" in printed
+
+
+def _shared_lines(name: str) -> str:
+    """A function of eight lines alike in every file it is planted in (a pair for the finder)."""
+    offsets = ", ".join(f"offset_{i}" for i in range(8))
+    body = "".join(f"    total_{i} = value * {i} + offset_{i}\n" for i in range(8))
+    return f"def {name}(value, {offsets}):\n{body}    return total_0\n"
+
+
+@pytest.mark.skipif(shutil.which("duplicates") is None, reason="the `duplicates` command is not on PATH")
+def test_the_duplicate_pairs_are_counted_in_one_line(tmp_path, capsys):
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "a.py").write_text(_shared_lines("f"))
+    house_counts.print_duplicates(alone)
+    assert capsys.readouterr().out == "duplicate pairs: 0\n"
+    for copy in ("b.py", "c.py"):  # three places: three pairs
+        (alone / copy).write_text(_shared_lines("f"))
+    house_counts.print_duplicates(alone)
+    assert capsys.readouterr().out == "duplicate pairs: 3\n"
+
+
+def test_without_the_duplicates_command_the_line_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no `duplicates` on it
+    house_counts.print_duplicates(tmp_path)
+    assert capsys.readouterr().out == "duplicate pairs: not counted (no `duplicates` command on PATH)\n"
