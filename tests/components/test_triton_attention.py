@@ -211,13 +211,18 @@ def diff_kernel_errors(
     lam_sign: float = 1.0,
     norm: tuple[float, float] | None = None,
     norm_scale: float = 1.0,
+    misaligned: bool = False,
 ) -> dict[str, float]:
     """Relative errors of the op's outputs and gradients against Eq. 1 in float64 (with λ times
     `lam_sign`: -1 is a wrong formula). `norm` = (eps, factor): the kernel applies Eq. 3's RMSNorm times
-    the factor with a random weight, the formula with the factor times `norm_scale` (not 1: wrong)."""
+    the factor with a random weight, the formula with the factor times `norm_scale` (not 1: wrong).
+    `misaligned`: q, k and v start one element past a 16-byte boundary (the op's pointer loads)."""
     batch, heads, kv_heads, n, d = case
     gen = torch.Generator().manual_seed(sum(case))
     leaves, (q, k, v) = projected(batch, heads, kv_heads, n, d, dtype, gen)
+    if misaligned:
+        q, k, v = (off_by_one(t) for t in (q, k, v))
+        assert not triton_op.tma_loads(q) and not triton_op.tma_loads(k) and not triton_op.tma_loads(v)
     lam = torch.tensor(0.63, requires_grad=True)
     weight = (1 + 0.3 * torch.randn(2 * d, generator=gen)).requires_grad_()
     normed = (weight, *norm) if norm else (None, 0.0, 1.0)
@@ -255,6 +260,39 @@ def diff_kernel_errors(
     if norm:
         errors["dW"] = rel(weight.grad, ref[6].grad)
     return errors
+
+
+def off_by_one(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s values (and its gradient's path) in a contiguous tensor that starts one element after a
+    16-byte boundary."""
+    return torch.empty(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape).copy_(t)
+
+
+def test_tile_loads_by_descriptor_only_where_the_copy_engine_can():
+    """TMA (tensor descriptors) needs each tensor's last dimension contiguous and its start and other
+    strides 16-byte aligned (triton/op.py: `tma_loads`); anything else takes the pointer loads."""
+    gen = torch.Generator().manual_seed(3)
+    _, (q, k, v) = projected(1, 2, 1, 20, 16, torch.bfloat16, gen)  # the model's strided views
+    assert triton_op.tma_loads(q, k, v)
+    assert not triton_op.tma_loads(q, k, v.transpose(-1, -2))  # last dimension not contiguous
+    assert not triton_op.tma_loads(off_by_one(q))  # start 2 bytes past a boundary
+    assert not triton_op.tma_loads(torch.zeros(1, 2, 1, 20, 20, dtype=torch.bfloat16))  # rows 40 bytes apart
+    assert triton_op.tma_loads(torch.zeros(1, 2, 1, 20, 24, dtype=torch.bfloat16))  # 48 bytes
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["single_pass", "two_kernels"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16], ids=lambda t: str(t).removeprefix("torch.")
+)
+def test_pointer_loads_against_float64(dtype, deterministic):
+    """Inputs the copy engine cannot read (misaligned by one element): the forward and each backward
+    path load their tiles by pointers, against the same float64 formulas (the other tests' inputs are
+    aligned views: their tiles come by tensor descriptors)."""
+    errors = diff_kernel_errors(
+        (1, 4, 2, 50, 32), dtype, BLOCK, BLOCK, deterministic=deterministic, misaligned=True
+    )
+    for name, error in errors.items():
+        assert error < (1e-6 if name.startswith("lse") else TOLERANCE[dtype]), (name, error)
 
 
 def rms_norm64(o: torch.Tensor, weight: torch.Tensor, eps: float, factor: float) -> torch.Tensor:
@@ -456,7 +494,8 @@ def test_fake_implementations_give_the_real_layouts():
 def test_the_gpu_kernels_compile():
     """The kernels as `triton.jit` compiles them for CUDA (an sm_90 target, no GPU needed: Triton's own
     compiler down to a cubin), the tile loops resolved as jit functions: Diff in bfloat16 with the norm,
-    both backward paths; the single pass's dQ goes out by atomic adds, the two-kernel path's by none."""
+    both backward paths; the single pass's dQ goes out by atomic adds, the two-kernel path's by none; the
+    forward's tiles by tensor descriptors (TMA), the backward's by pointers."""
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
@@ -467,7 +506,7 @@ def test_the_gpu_kernels_compile():
     pointers = dict.fromkeys(["Q", "K", "V", "OUT", "O2", "PRE", "DO", "DK", "DV", "DPRE"], "*bf16")
     pointers |= dict.fromkeys(["LSE", "LAM", "INV", "W", "DELTA", "DW", "DQ"], "*fp32")
     tiles = {"MAPS": 2, "BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_D": 32, "BLOCK_E": 64}
-    tiles |= {"PRECISION": "tf32", "DOT": tl.bfloat16}
+    tiles |= {"PRECISION": "tf32", "DOT": tl.bfloat16, "TMA": False}
 
     def ptx(kernel, constants, **types):
         signature = {
@@ -479,7 +518,7 @@ def test_the_gpu_kernels_compile():
         target = GPUTarget("cuda", 90, 32)  # sm_90, 32 threads per warp
         return compile(source, target=target, options={"num_warps": 4, "num_stages": 2}).asm["ptx"]
 
-    ptx(fwd, tiles | {"NORM": True})
+    ptx(fwd, tiles | {"NORM": True, "TMA": True})  # tiles by tensor descriptors; the rest by pointers
     ptx(delta, {"MAPS": 2, "NORM": True, "BLOCK_M": 32, "BLOCK_E": 64})
     adds = re.compile(r"\b(?:red|atom)\.global\.\S*add\.f32")  # float32 atomic adds to global memory
     assert adds.search(ptx(kv, tiles | {"ATOMIC": True}))

@@ -8,7 +8,18 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from components.attention.triton.forward import _SUM, LOG2E, _key_tile, _program, _query_block
+from components.attention.triton.forward import (
+    _SUM,
+    LOG2E,
+    _key_tile,
+    _kv_sources,
+    _map_rows,
+    _program,
+    _query_block,
+    _rows,
+    _store_rows,
+    _tile,
+)
 
 
 def _bwd_delta(
@@ -57,81 +68,78 @@ def _bwd_delta(
     tl.store(DELTA + stat, delta, mask=row_ok)
 
 
+def _bwd_kv_map(
+    dk, k, dpt, lam, Q, q_src, dq_base, lse_base, delta_base, start_m, offs_m, row_ok, visible,
+    sqn, sqd, tqn, tqd, n_ctx, width, qk_scale, scale,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr,
+    MASKED: tl.constexpr, ATOMIC: tl.constexpr, SECOND: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    # One map's share of a query tile, transposed (key rows, query rows): P^T from the log-sum-exp (in
+    # base 2), dS^T = P^T (dP^T - δ) (map 2, SECOND: -λ P^T (dP^T - δ2)), dK += dS^T Q and, ATOMIC,
+    # dQ = dS K added into the float32 buffer. Returns dK and P^T (the map V meets).
+    offs_d = tl.arange(0, BLOCK_D)
+    if MASKED:
+        lse = tl.load(lse_base + offs_m, mask=row_ok, other=0.0)
+        delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
+    else:
+        lse = tl.load(lse_base + offs_m)
+        delta = tl.load(delta_base + offs_m)
+    # Q loaded as its rows (what a tensor descriptor gives) and transposed in registers for S^T = K Q^T.
+    q = _tile(q_src, start_m, n_ctx, width, sqn, sqd, BLOCK_M, BLOCK_D, TMA, MASKED).to(DOT)
+    pt = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale - (lse * LOG2E)[None, :])
+    if MASKED:
+        pt = tl.where(visible, pt, 0.0)
+    scaled = pt
+    if SECOND:
+        scaled = -lam * pt
+    dst = (scaled * (dpt - delta[None, :])).to(Q.dtype.element_ty).to(DOT)
+    dk += tl.dot(dst, q, input_precision=PRECISION)
+    if ATOMIC:
+        dq = tl.dot(tl.trans(dst), k, input_precision=PRECISION) * scale
+        dq_mask = offs_d[None, :] < width
+        if MASKED:
+            dq_mask = row_ok[:, None] & dq_mask
+        dq_ptrs = dq_base + offs_m[:, None] * tqn + offs_d[None, :] * tqd
+        tl.atomic_add(dq_ptrs, dq, mask=dq_mask, sem="relaxed")
+    return dk, pt
+
+
 def _bwd_kv_tiles(
-    dk1, dk2, dv, k1, k2, v_tile, lam, q_base, do_base, dq_base, lse_base, delta_base, lo, hi, offs_n,
-    sqm, sqn, sqd, sdn, sde, tqm, tqn, tqd, map_stride, n_ctx, width, v_width, qk_scale, scale,
+    dk1, dk2, dv, k1, k2, v_tile, lam, Q, q1_src, q2_src, do_src, dq_base, lse_base, delta_base,
+    lo, hi, offs_n, sqn, sqd, sdn, sde, tqm, tqn, tqd, map_stride, n_ctx, width, v_width, qk_scale, scale,
     MAPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
     PRECISION: tl.constexpr, DOT: tl.constexpr, MASKED: tl.constexpr, ATOMIC: tl.constexpr,
+    TMA: tl.constexpr,
 ):  # fmt: skip
-    # One key block against one query head's query tiles from `lo` to `hi`: dK1, dK2 and dV accumulate;
-    # ATOMIC also adds the block's share of dQ1 and dQ2 (scaled) into the float32 buffer at dq_base.
-    # LSE and DELTA rows of map 1 at lse_base and delta_base (map 2: + map_stride). MASKED: the tiles
-    # the diagonal or the sequence's end crosses; the others are seen whole.
+    # One key block against one query head's query tiles from `lo` to `hi` (Q1, Q2, dO from their
+    # sources, forward.py's `_rows`): dK1, dK2 and dV accumulate; ATOMIC also adds the block's share of
+    # dQ1 and dQ2 (scaled) into the float32 buffer at dq_base. LSE and DELTA rows of map 1 at lse_base
+    # and delta_base (map 2: + map_stride). MASKED: the tiles the diagonal or the sequence's end
+    # crosses; the others are seen whole.
     # Transposed, as in Triton's fused-attention tutorial: S^T = K Q^T, dP^T = V dO^T, so P^T and dS^T
     # are (key rows, query rows), the layout dV += P^T dO and dK += dS^T Q read from registers; only the
     # single pass's dQ = dS K reads a transpose. Every product but dQ has the key block's rows.
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_e = tl.arange(0, BLOCK_E)
-    elem = q_base.dtype.element_ty
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        qt_ptrs = q_base + offs_m[None, :] * sqn + offs_d[:, None] * sqd  # Q^T tile (BLOCK_D, BLOCK_M)
+        row_ok = offs_m < n_ctx
+        visible = 0  # every entry is seen
         if MASKED:
-            row_ok = offs_m < n_ctx
-            qt_mask = row_ok[None, :] & (offs_d[:, None] < width)
-            do_mask = row_ok[:, None] & (offs_e[None, :] < v_width)
-            dq_mask = row_ok[:, None] & (offs_d[None, :] < width)
             visible = (offs_m[None, :] >= offs_n[:, None]) & (offs_n[:, None] < n_ctx) & row_ok[None, :]
-            lse1 = tl.load(lse_base + offs_m, mask=row_ok, other=0.0)
-            delta1 = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
-        else:
-            qt_mask = offs_d[:, None] < width
-            do_mask = offs_e[None, :] < v_width
-            dq_mask = offs_d[None, :] < width
-            lse1 = tl.load(lse_base + offs_m)
-            delta1 = tl.load(delta_base + offs_m)
-        do = tl.load(do_base + offs_m[:, None] * sdn + offs_e[None, :] * sde, mask=do_mask, other=0.0)
-        do = do.to(DOT)
+        do = _tile(do_src, start_m, n_ctx, v_width, sdn, sde, BLOCK_M, BLOCK_E, TMA, MASKED).to(DOT)
         dpt = tl.dot(v_tile, tl.trans(do), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M), both maps'
-        q1t = tl.load(qt_ptrs, mask=qt_mask, other=0.0).to(DOT)
-        s1t = tl.dot(k1, q1t, input_precision=PRECISION)
-        p1t = tl.exp2(s1t * qk_scale - (lse1 * LOG2E)[None, :])  # the log-sum-exp in base 2, per row
-        if MASKED:
-            p1t = tl.where(visible, p1t, 0.0)
-        ds1t = (p1t * (dpt - delta1[None, :])).to(elem).to(DOT)
-        dk1 += tl.dot(ds1t, tl.trans(q1t), input_precision=PRECISION)
-        if ATOMIC:
-            dq1 = tl.dot(tl.trans(ds1t), k1, input_precision=PRECISION) * scale
-            tl.atomic_add(
-                dq_base + offs_m[:, None] * tqn + offs_d[None, :] * tqd,
-                dq1,
-                mask=dq_mask,
-                sem="relaxed",
-            )
+        dk1, p1t = _bwd_kv_map(
+            dk1, k1, dpt, lam, Q, q1_src, dq_base, lse_base, delta_base, start_m, offs_m, row_ok, visible,
+            sqn, sqd, tqn, tqd, n_ctx, width, qk_scale, scale,
+            BLOCK_M, BLOCK_D, PRECISION, DOT, MASKED, ATOMIC, False, TMA,
+        )  # fmt: skip
         if MAPS == 2:
-            q2t = tl.load(qt_ptrs + sqm, mask=qt_mask, other=0.0).to(DOT)
-            if MASKED:
-                lse2 = tl.load(lse_base + map_stride + offs_m, mask=row_ok, other=0.0)
-                delta2 = tl.load(delta_base + map_stride + offs_m, mask=row_ok, other=0.0)
-            else:
-                lse2 = tl.load(lse_base + map_stride + offs_m)
-                delta2 = tl.load(delta_base + map_stride + offs_m)
-            s2t = tl.dot(k2, q2t, input_precision=PRECISION)
-            p2t = tl.exp2(s2t * qk_scale - (lse2 * LOG2E)[None, :])
-            if MASKED:
-                p2t = tl.where(visible, p2t, 0.0)
-            ds2t = (-lam * p2t * (dpt - delta2[None, :])).to(elem).to(DOT)
-            dk2 += tl.dot(ds2t, tl.trans(q2t), input_precision=PRECISION)
-            if ATOMIC:
-                dq2 = tl.dot(tl.trans(ds2t), k2, input_precision=PRECISION) * scale
-                tl.atomic_add(
-                    dq_base + tqm + offs_m[:, None] * tqn + offs_d[None, :] * tqd,
-                    dq2,
-                    mask=dq_mask,
-                    sem="relaxed",
-                )
+            dk2, p2t = _bwd_kv_map(
+                dk2, k2, dpt, lam, Q, q2_src, dq_base + tqm, lse_base + map_stride, delta_base + map_stride,
+                start_m, offs_m, row_ok, visible, sqn, sqd, tqn, tqd, n_ctx, width, qk_scale, scale,
+                BLOCK_M, BLOCK_D, PRECISION, DOT, MASKED, ATOMIC, True, TMA,
+            )  # fmt: skip
             p1t = p1t - lam * p2t  # the map V meets: A1 - λ A2
-        dv += tl.dot(p1t.to(elem).to(DOT), do, input_precision=PRECISION)
+        dv += tl.dot(p1t.to(Q.dtype.element_ty).to(DOT), do, input_precision=PRECISION)
     return dk1, dk2, dv
 
 
@@ -147,81 +155,73 @@ def _bwd_kv(
     heads, kv_heads, reps, n_ctx, width, v_width, scale,
     MAPS: tl.constexpr, ATOMIC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr,
+    TMA: tl.constexpr,
 ):  # fmt: skip
     # DO (B, h, N, e) by strides sd*, DK (B, M, h_kv, N, d) by tk*, DV (B, h_kv, N, e) by tv*; ATOMIC:
-    # DQ (B, M, h, N, d) float32 by tq*, zeroed by the caller, receives dQ by atomic adds.
+    # DQ (B, M, h, N, d) float32 by tq*, zeroed by the caller, receives dQ by atomic adds. TMA: Q, K, V
+    # and dO tiles by tensor descriptors (`_rows`), else by pointers.
     pid_n, _, b, group = _program(kv_heads, False)
     qk_scale = scale * LOG2E
     start_n = pid_n * BLOCK_N
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_e = tl.arange(0, BLOCK_E)
-    col_ok = offs_n < n_ctx
-    k_off = b * skb + group * skh + offs_n[:, None] * skn + offs_d[None, :] * skd
-    k_mask = col_ok[:, None] & (offs_d[None, :] < width)
-    v_off = b * svb + group * svh + offs_n[:, None] * svn + offs_e[None, :] * sve
-    v_mask = col_ok[:, None] & (offs_e[None, :] < v_width)
-    k1 = tl.load(K + k_off, mask=k_mask, other=0.0).to(DOT)
+    k1_src, k2_src, v_src = _kv_sources(
+        K, V, b, group, n_ctx, width, v_width, skb, skm, skh, skn, svb, svh, svn,
+        MAPS, BLOCK_N, BLOCK_D, BLOCK_E, TMA,
+    )  # fmt: skip
+    k1 = _tile(k1_src, start_n, n_ctx, width, skn, skd, BLOCK_N, BLOCK_D, TMA, True).to(DOT)
     k2 = k1
-    v_tile = tl.load(V + v_off, mask=v_mask, other=0.0).to(DOT)
+    v_tile = _tile(v_src, start_n, n_ctx, v_width, svn, sve, BLOCK_N, BLOCK_E, TMA, True).to(DOT)
     dk1 = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
     dk2 = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
     dv = tl.full([BLOCK_N, BLOCK_E], 0.0, tl.float32)
     lam = 0.0
     if MAPS == 2:
         lam = tl.load(LAM)
-        k2 = tl.load(K + k_off + skm, mask=k_mask, other=0.0).to(DOT)
+        k2 = _tile(k2_src, start_n, n_ctx, width, skn, skd, BLOCK_N, BLOCK_D, TMA, True).to(DOT)
     # Causal: query rows from the block's first key on. The query tiles that start at or after its last
     # key see it whole (no mask) unless they pass the sequence's end; the first ones cross the diagonal.
     lo = start_n // BLOCK_M * BLOCK_M
     whole = (start_n + BLOCK_N - 1 + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     inside = n_ctx // BLOCK_M * BLOCK_M  # query tiles that end inside the sequence
-    diagonal = tl.minimum(whole, n_ctx)
-    tail = tl.maximum(whole, inside)
     for r in range(0, reps):
         head = group * reps + r
         q_base = Q + b * sqb + head * sqh
-        do_base = DO + b * sdb + head * sdh
-        dq_base = DQ + b * tqb + head * tqh
+        q1_src, q2_src = _map_rows(q_base, sqm, n_ctx, width, sqn, BLOCK_M, BLOCK_D, MAPS, TMA)
+        do_src = _rows(DO + b * sdb + head * sdh, n_ctx, v_width, sdn, BLOCK_M, BLOCK_E, TMA)
         stat = (b * MAPS * heads + head) * n_ctx  # LSE and DELTA (B, MAPS, h, N) contiguous
-        dk1, dk2, dv = _bwd_kv_tiles(
-            dk1, dk2, dv, k1, k2, v_tile, lam, q_base, do_base, dq_base, LSE + stat, DELTA + stat,
-            lo, diagonal, offs_n, sqm, sqn, sqd, sdn, sde, tqm, tqn, tqd, heads * n_ctx,
-            n_ctx, width, v_width, qk_scale, scale,
-            MAPS, BLOCK_M, BLOCK_D, BLOCK_E, PRECISION, DOT, True, ATOMIC,
-        )  # fmt: skip
-        dk1, dk2, dv = _bwd_kv_tiles(
-            dk1, dk2, dv, k1, k2, v_tile, lam, q_base, do_base, dq_base, LSE + stat, DELTA + stat,
-            whole, inside, offs_n, sqm, sqn, sqd, sdn, sde, tqm, tqn, tqd, heads * n_ctx,
-            n_ctx, width, v_width, qk_scale, scale,
-            MAPS, BLOCK_M, BLOCK_D, BLOCK_E, PRECISION, DOT, False, ATOMIC,
-        )  # fmt: skip
-        dk1, dk2, dv = _bwd_kv_tiles(
-            dk1, dk2, dv, k1, k2, v_tile, lam, q_base, do_base, dq_base, LSE + stat, DELTA + stat,
-            tail, n_ctx, offs_n, sqm, sqn, sqd, sdn, sde, tqm, tqn, tqd, heads * n_ctx,
-            n_ctx, width, v_width, qk_scale, scale,
-            MAPS, BLOCK_M, BLOCK_D, BLOCK_E, PRECISION, DOT, True, ATOMIC,
-        )  # fmt: skip
-    dk_ptrs = DK + b * tkb + group * tkh + offs_n[:, None] * tkn + offs_d[None, :] * tkd
-    tl.store(dk_ptrs, (dk1 * scale).to(DK.dtype.element_ty), mask=k_mask)
+        # The tiles the diagonal crosses (masked), those seen whole, those past the sequence's end (masked).
+        for part in tl.static_range(3):
+            if part == 0:
+                part_lo, part_hi = lo, tl.minimum(whole, n_ctx)
+            elif part == 1:
+                part_lo, part_hi = whole, inside
+            else:
+                part_lo, part_hi = tl.maximum(whole, inside), n_ctx
+            dk1, dk2, dv = _bwd_kv_tiles(
+                dk1, dk2, dv, k1, k2, v_tile, lam, Q, q1_src, q2_src, do_src, DQ + b * tqb + head * tqh,
+                LSE + stat, DELTA + stat, part_lo, part_hi, start_n + tl.arange(0, BLOCK_N),
+                sqn, sqd, sdn, sde, tqm, tqn, tqd, heads * n_ctx, n_ctx, width, v_width, qk_scale, scale,
+                MAPS, BLOCK_M, BLOCK_D, BLOCK_E, PRECISION, DOT, part != 1, ATOMIC, TMA,
+            )  # fmt: skip
+    _store_rows(DK + b * tkb + group * tkh, dk1 * scale, start_n, n_ctx, width, tkn, tkd, BLOCK_N, BLOCK_D)
     if MAPS == 2:
-        tl.store(dk_ptrs + tkm, (dk2 * scale).to(DK.dtype.element_ty), mask=k_mask)
-    dv_ptrs = DV + b * tvb + group * tvh + offs_n[:, None] * tvn + offs_e[None, :] * tve
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=v_mask)
+        _store_rows(
+            DK + b * tkb + group * tkh + tkm, dk2 * scale, start_n, n_ctx, width, tkn, tkd, BLOCK_N, BLOCK_D
+        )
+    _store_rows(DV + b * tvb + group * tvh, dv, start_n, n_ctx, v_width, tvn, tve, BLOCK_N, BLOCK_E)
 
 
 def _bwd_q_tiles(
-    dq1, dq2, q1, q2, do, lse1, lse2, delta1, delta2, lam, k_base, v_base, lo, hi, offs_m,
-    skm, skn, skd, svn, sve, n_ctx, width, v_width, qk_scale,
+    dq1, dq2, q1, q2, do, lse1, lse2, delta1, delta2, lam, K, k1_src, k2_src, v_src, lo, hi, offs_m,
+    skn, skd, svn, sve, n_ctx, width, v_width, qk_scale,
     MAPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
-    PRECISION: tl.constexpr, DOT: tl.constexpr, MASKED: tl.constexpr,
+    PRECISION: tl.constexpr, DOT: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
     # One query block against the key tiles from `lo` to `hi`: dQ1 and dQ2 accumulate. MASKED: the tiles
     # the diagonal or the sequence's end crosses.
     for start_n in range(lo, hi, BLOCK_N):
         k1, k2, v_tile, visible = _key_tile(
-            k_base, v_base, start_n, offs_m, skm, skn, skd, svn, sve, n_ctx, width, v_width,
-            MAPS, BLOCK_N, BLOCK_D, BLOCK_E, DOT, MASKED,
+            k1_src, k2_src, v_src, start_n, offs_m, skn, skd, svn, sve, n_ctx, width, v_width,
+            MAPS, BLOCK_N, BLOCK_D, BLOCK_E, DOT, MASKED, TMA,
         )  # fmt: skip
         dp = tl.dot(do, tl.trans(v_tile), input_precision=PRECISION)
         s1 = tl.dot(q1, tl.trans(k1), input_precision=PRECISION)
@@ -229,14 +229,14 @@ def _bwd_q_tiles(
         if MASKED:
             p1 = tl.where(visible, p1, 0.0)
         ds1 = p1 * (dp - delta1[:, None])
-        dq1 += tl.dot(ds1.to(k_base.dtype.element_ty).to(DOT), k1, input_precision=PRECISION)
+        dq1 += tl.dot(ds1.to(K.dtype.element_ty).to(DOT), k1, input_precision=PRECISION)
         if MAPS == 2:
             s2 = tl.dot(q2, tl.trans(k2), input_precision=PRECISION)
             p2 = tl.exp2(s2 * qk_scale - lse2[:, None] * LOG2E)
             if MASKED:
                 p2 = tl.where(visible, p2, 0.0)
             ds2 = -lam * p2 * (dp - delta2[:, None])
-            dq2 += tl.dot(ds2.to(k_base.dtype.element_ty).to(DOT), k2, input_precision=PRECISION)
+            dq2 += tl.dot(ds2.to(K.dtype.element_ty).to(DOT), k2, input_precision=PRECISION)
     return dq1, dq2
 
 
@@ -250,20 +250,17 @@ def _bwd_q(
     heads, reps, n_ctx, width, v_width, scale,
     MAPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr,
+    TMA: tl.constexpr,
 ):  # fmt: skip
-    # DO (B, h, N, e) by strides sd*, DQ (B, M, h, N, d) by tq*.
-    _, b, head, group, first, offs_m, row_ok, _, q_mask, q1, q2 = _query_block(
-        Q, heads, reps, n_ctx, width, sqb, sqm, sqh, sqn, sqd, MAPS, BLOCK_M, BLOCK_D, DOT
+    # DO (B, h, N, e) by strides sd*, DQ (B, M, h, N, d) by tq*. TMA: Q, K, V and dO tiles by tensor
+    # descriptors (`_rows`), else by pointers.
+    _, b, head, group, first, offs_m, row_ok, q1, q2 = _query_block(
+        Q, heads, reps, n_ctx, width, sqb, sqm, sqh, sqn, sqd, MAPS, BLOCK_M, BLOCK_D, DOT, TMA
     )  # fmt: skip
     qk_scale = scale * LOG2E
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_e = tl.arange(0, BLOCK_E)
     stat = (b * MAPS * heads + head) * n_ctx + offs_m
-    do = tl.load(
-        DO + b * sdb + head * sdh + offs_m[:, None] * sdn + offs_e[None, :] * sde,
-        mask=row_ok[:, None] & (offs_e[None, :] < v_width),
-        other=0.0,
-    ).to(DOT)
+    do = _rows(DO + b * sdb + head * sdh, n_ctx, v_width, sdn, BLOCK_M, BLOCK_E, TMA)
+    do = _tile(do, first, n_ctx, v_width, sdn, sde, BLOCK_M, BLOCK_E, TMA, True).to(DOT)
     lse1 = tl.load(LSE + stat, mask=row_ok, other=0.0)
     delta1 = tl.load(DELTA + stat, mask=row_ok, other=0.0)
     dq1 = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
@@ -273,21 +270,23 @@ def _bwd_q(
         lam = tl.load(LAM)
         lse2 = tl.load(LSE + stat + heads * n_ctx, mask=row_ok, other=0.0)
         delta2 = tl.load(DELTA + stat + heads * n_ctx, mask=row_ok, other=0.0)
-    k_base = K + b * skb + group * skh
-    v_base = V + b * svb + group * svh
+    k1_src, k2_src, v_src = _kv_sources(
+        K, V, b, group, n_ctx, width, v_width, skb, skm, skh, skn, svb, svh, svn,
+        MAPS, BLOCK_N, BLOCK_D, BLOCK_E, TMA,
+    )  # fmt: skip
     whole = (first + 1) // BLOCK_N * BLOCK_N  # as in the forward
     hi = tl.minimum(first + BLOCK_M, n_ctx)
     dq1, dq2 = _bwd_q_tiles(
-        dq1, dq2, q1, q2, do, lse1, lse2, delta1, delta2, lam, k_base, v_base, 0, whole, offs_m,
-        skm, skn, skd, svn, sve, n_ctx, width, v_width, qk_scale,
-        MAPS, BLOCK_N, BLOCK_D, BLOCK_E, PRECISION, DOT, False,
+        dq1, dq2, q1, q2, do, lse1, lse2, delta1, delta2, lam, K, k1_src, k2_src, v_src, 0, whole, offs_m,
+        skn, skd, svn, sve, n_ctx, width, v_width, qk_scale,
+        MAPS, BLOCK_N, BLOCK_D, BLOCK_E, PRECISION, DOT, False, TMA,
     )  # fmt: skip
     dq1, dq2 = _bwd_q_tiles(
-        dq1, dq2, q1, q2, do, lse1, lse2, delta1, delta2, lam, k_base, v_base, whole, hi, offs_m,
-        skm, skn, skd, svn, sve, n_ctx, width, v_width, qk_scale,
-        MAPS, BLOCK_N, BLOCK_D, BLOCK_E, PRECISION, DOT, True,
+        dq1, dq2, q1, q2, do, lse1, lse2, delta1, delta2, lam, K, k1_src, k2_src, v_src, whole, hi, offs_m,
+        skn, skd, svn, sve, n_ctx, width, v_width, qk_scale,
+        MAPS, BLOCK_N, BLOCK_D, BLOCK_E, PRECISION, DOT, True, TMA,
     )  # fmt: skip
-    dq_ptrs = DQ + b * tqb + head * tqh + offs_m[:, None] * tqn + offs_d[None, :] * tqd
-    tl.store(dq_ptrs, (dq1 * scale).to(DQ.dtype.element_ty), mask=q_mask)
+    dq_base = DQ + b * tqb + head * tqh
+    _store_rows(dq_base, dq1 * scale, first, n_ctx, width, tqn, tqd, BLOCK_M, BLOCK_D)
     if MAPS == 2:
-        tl.store(dq_ptrs + tqm, (dq2 * scale).to(DQ.dtype.element_ty), mask=q_mask)
+        _store_rows(dq_base + tqm, dq2 * scale, first, n_ctx, width, tqn, tqd, BLOCK_M, BLOCK_D)

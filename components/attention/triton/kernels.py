@@ -32,6 +32,11 @@ causal softmax attention, so the Transformer arm can be timed on the same code.
   `_bwd_q_tiles`, called once per kind of tile) into the tiles the causal diagonal crosses, with the
   mask, and those every row sees whole, with neither the causal mask nor the sequence's end (a query
   tile that passes the end gets its own masked call).
+- loads (`TMA`): the forward's and the dQ kernel's tiles of Q, K, V and dO by tensor descriptors, one per
+  head's rows (`forward._rows`, `_tile`: on Hopper the copy engine fetches a tile and fills what lies
+  past the sequence or the width with zeros), where the op found every such tensor's last dimension
+  contiguous and its start and other strides 16-byte aligned (`op.tma_loads`), V up to 128 wide;
+  otherwise, and always in the dK/dV kernel (`op.tma_kernel`), by pointers with masks.
 
 Layouts (any strides): q (B, M, h, N, d) = the maps' queries stacked on dim 1, k (B, M, h_kv, N, d),
 v (B, h_kv, N, e); query head i reads kv head i // (h / h_kv). Widths are padded to powers of two (16 at
@@ -60,8 +65,10 @@ import triton
 from components.attention.triton import backward, forward
 
 _TILES = (  # the jit functions the kernels call, wrapped the same way as the kernels
-    *(forward._program, forward._query_block, forward._key_tile, forward._fwd_tiles, forward._softmax_pv),
-    *(backward._bwd_kv_tiles, backward._bwd_q_tiles),
+    *(forward._program, forward._rows, forward._map_rows, forward._tile, forward._store_rows),
+    forward._kv_sources,
+    *(forward._query_block, forward._key_tile, forward._fwd_tiles, forward._softmax_pv),
+    *(backward._bwd_kv_map, backward._bwd_kv_tiles, backward._bwd_q_tiles),
 )
 _KERNELS = (forward._fwd, backward._bwd_delta, backward._bwd_kv, backward._bwd_q)
 _COMBINE = ("_MAX", "_SUM")  # Triton's own jit functions the kernels reduce with

@@ -44,6 +44,56 @@ BLOCK = 64  # the δ kernel's rows per program (tests pass tiles of their own to
 SINGLE_PASS_V = 128
 
 
+def tma_loads(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels load these tensors' tiles by tensor descriptors (TMA on Hopper; the
+    interpreter reads them as such too): each one's last dimension contiguous, its start and its other
+    strides 16-byte aligned, which the copy engine requires. Otherwise pointer loads."""
+    return all(
+        t.stride(-1) == 1
+        and t.data_ptr() % 16 == 0
+        and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
+        for t in tensors
+    )
+
+
+def _tma(device: torch.device, *tensors: torch.Tensor) -> bool:
+    """`tma_loads` where the device has a copy engine (sm_90 or later) or is the interpreter's CPU."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (9, 0):
+        return False
+    if not tma_loads(*tensors):
+        return False
+    if device.type == "cuda":
+        _scratch()
+    return True
+
+
+def _scratch() -> None:
+    """Device-side tensor descriptors live in global scratch memory that Triton asks the caller for. Set
+    at every launch: Triton keeps the allocator per thread (a context variable), and autograd runs the
+    backward on a thread of its own."""
+    import triton
+
+    triton.set_allocator(_scratch_memory)
+
+
+def _scratch_memory(size: int, alignment: int, stream) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")  # torch's allocations are 512-byte aligned
+
+
+# The kernels whose tiles may come by tensor descriptors, for V up to TMA_V wide (benchmarks/NOTES.md, "a
+# 128-row query tile in the single pass, TMA loads", compiled for sm_90). Not the dK/dV kernel (the single
+# pass too): its 16-row query tiles, three descriptors per query head, cost registers for nothing they
+# save (16 x 128 with 8 warps: 253 against the pointer loads' 237) and spill at 16 x 64 with 4 warps; not
+# V 256 either, whose forward at 32 x 64 with 8 warps spills with them (472 bytes) and not without.
+TMA_KERNELS = ("forward", "backward_q")
+TMA_V = 128
+
+
+def tma_kernel(kernel: str, v_width: int) -> bool:
+    """Whether `kernel` loads its tiles by tensor descriptors (where `tma_loads` allows) for V this wide."""
+    return kernel in TMA_KERNELS and v_width <= TMA_V
+
+
 def single_pass(v_width: int) -> bool:
     """Whether the backward for V `v_width` wide may be the single pass (unless deterministic)."""
     return v_width <= SINGLE_PASS_V
@@ -111,27 +161,28 @@ def _call(q, k, v, lam, block, deterministic, norm=None):
 
 
 def _launch(
-    kernel: str, q: torch.Tensor, width: int, v_width: int, block_m: int, block_n: int, launch, atomic=False
-) -> None:
+    kernel: str, q: torch.Tensor, width: int, v_width: int, block_m: int, block_n: int, launch, tma: bool,
+    atomic=False,
+) -> None:  # fmt: skip
     """Run `launch(block_m, block_n, options)` once with `kernel`'s configuration: the tiles given
     (block_m > 0: tests and benchmarks, every kernel alike), the interpreter's fixed one on CPU, or on
     CUDA the one `configs` chose for the kernel, shape, dtype and GPU (timed with `launch` itself
-    the first time)."""
+    the first time). `tma`: tiles loaded by tensor descriptors (`_tma`) where `tma_kernel` says."""
+    tma = tma and tma_kernel(kernel, v_width)
     if block_m:
         rows = block_n if kernel == "backward_kv" else block_m  # the rows of most of its products
-        launch(block_m, block_n, _warps(q, rows) | _launch_options(q, width, v_width, block_m, block_n))
+        launch(block_m, block_n, _warps(q, rows) | _launch_options(q, width, v_width, block_m, block_n, tma))
         return
     if q.device.type != "cuda":
         config = configs.INTERPRETED
-        launch(
-            config.block_m, config.block_n, _launch_options(q, width, v_width, config.block_m, config.block_n)
-        )
+        options = _launch_options(q, width, v_width, config.block_m, config.block_n, tma)
+        launch(config.block_m, config.block_n, options)
         return
     capability = torch.cuda.get_device_capability(q.device)
     key = configs.Key(kernel, q.shape[1], width, v_width, q.dtype, q.shape[3], capability, atomic)
 
     def run(config) -> None:
-        options = _launch_options(q, width, v_width, config.block_m, config.block_n)
+        options = _launch_options(q, width, v_width, config.block_m, config.block_n, tma)
         launch(
             config.block_m,
             config.block_n,
@@ -145,7 +196,9 @@ def _pow2(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())  # tl.dot multiplies blocks at least 16 wide
 
 
-def _launch_options(q: torch.Tensor, width: int, v_width: int, block_m: int, block_n: int) -> dict:
+def _launch_options(
+    q: torch.Tensor, width: int, v_width: int, block_m: int, block_n: int, tma: bool = False
+) -> dict:
     import triton.language as tl
 
     interpret = q.device.type == "cpu"
@@ -157,6 +210,7 @@ def _launch_options(q: torch.Tensor, width: int, v_width: int, block_m: int, blo
         "BLOCK_E": _pow2(v_width),
         "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
         "DOT": tl.float32 if interpret and dtype == tl.bfloat16 else dtype,  # kernels.py: `DOT`
+        "TMA": tma,
     }
     return options
 
@@ -221,7 +275,7 @@ def _forward(
             MAPS=maps, NORM=norm, **options,
         )  # fmt: skip
 
-    _launch("forward", q, width, v_width, block_m, block_n, launch)
+    _launch("forward", q, width, v_width, block_m, block_n, launch, _tma(q.device, q, k, v))
     return out, o2, lse, pre, inv
 
 
@@ -296,9 +350,10 @@ def _backward(
             MAPS=maps, **options,
         )  # fmt: skip
 
-    _launch("backward_kv", q, width, v_width, block_m, block_n, launch_kv, atomic=not deterministic)
+    tma = _tma(q.device, q, k, v, dout)
+    _launch("backward_kv", q, width, v_width, block_m, block_n, launch_kv, tma, atomic=not deterministic)
     if deterministic:
-        _launch("backward_q", q, width, v_width, block_m, block_n, launch_q)
+        _launch("backward_q", q, width, v_width, block_m, block_n, launch_q, tma)
     else:
         dq = dq.to(q.dtype)
     return dq, dk, dv, dlam.reshape(lam.shape), dweight
