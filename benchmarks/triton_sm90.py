@@ -4,7 +4,7 @@ may try (components/attention/triton/configs.py), read back from the compiled co
 instructions, exponentials per tile, the waits on the tensor cores, and duplicated layouts. Prints one
 Markdown table (and writes it with `--out`).
 
-    python benchmarks/triton_sm90.py --out benchmarks/triton_sm90_before.md
+    python benchmarks/triton_sm90.py --out benchmarks/triton_sm90_tma.md
 
 Shapes: the `small` scale's attention (recipes/table6.yaml), Diff at sub-head widths 64 (V 128) and 128
 (V 256) and the Transformer at 64, bf16, 1,024 tokens (the lengths the bench runs are all 16-divisible,
@@ -18,6 +18,9 @@ which is what Triton specialises on). Columns:
 - exp2 under products: `MUFU.EX2` issued while a wgmma group is in flight (the overlap of the softmax
   with the tensor cores);
 - waits: wgmma waits with products left in flight / full waits (`pendings = 0`);
+- UTMALDG / tile cp.async: tile loads by the copy engine (TMA: a launch named `tma`) in the SASS, and
+  the TTGIR's asynchronous copies of 2-D tiles by pointers (Q, K, V, dO pipelined by `cp.async`);
+- scratch B: global scratch per program (the device-side tensor descriptors);
 - duplicated: mma-layout tensors smaller than the rows or columns their warps cover.
 
 A script, not a verb: it reads what a compiler made, for benchmarks/NOTES.md; about 5 s per launch on one
@@ -34,7 +37,8 @@ from pathlib import Path
 from components.attention.triton.compiled import SHAPES, Compiled, Launch, Shape, candidates, inspect
 
 COLUMNS = ("shape", "launch", "regs", "spill st/ld", "shared KB", "blocks/SM", "wgmma", "mma.sync", "products",
-           "exp2/tile (ideal)", "exp2 under products", "waits in flight/full", "duplicated")  # fmt: skip
+           "exp2/tile (ideal)", "exp2 under products", "waits in flight/full", "UTMALDG / tile cp.async",
+           "scratch B", "duplicated")  # fmt: skip
 
 
 def ideal_exp2(shape: Shape, launch: Launch) -> int:
@@ -58,6 +62,8 @@ def row(shape: Shape, launch: Launch, compiled: Compiled) -> list[str]:
         f"{compiled.exp2_per_tile} ({ideal_exp2(shape, launch)})",
         str(compiled.exp2_in_flight),
         f"{compiled.waits_in_flight} / {compiled.full_waits}",
+        f"{compiled.tma_loads} / {compiled.tile_async_copies}",
+        str(compiled.scratch),
         str(len(compiled.duplicated)) if compiled.duplicated else "",
     ]
 

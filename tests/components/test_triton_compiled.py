@@ -8,7 +8,9 @@ rows or columns than a tensor has: 8 warps over a 64-row tile); a product of 64 
 instead of wgmma; a Diff forward on wgmma whose products are followed only by full waits with nothing
 computed under them (no exponential issued while a product is in flight: Triton's `tl.dot` waits with
 `pendings = 0` after every product the loop reads, so the overlap is read as exponentials issued between
-a product's commit and the wait that drains it). The reader itself is checked against ptxas's own count
+a product's commit and the wait that drains it); a launch with TMA loads (the op's choice where the
+inputs' strides allow it) without `UTMALDG` or with a tile of Q, K, V or dO still copied by `cp.async`,
+or a launch with pointer loads (the fallback) with `UTMALDG`. The reader itself is checked against ptxas's own count
 and on a launch known to be duplicated, and it runs with TRITON_INTERPRET=1 set.
 
 Cost: about 5 s per launch cold on one core of the 2-core AMD EPYC; Triton's on-disk cache makes a second
@@ -55,6 +57,10 @@ def test_a_chooser_configuration_compiles_for_hopper_without_waste(case):
         problems.append(f"products of 64 rows or more not on wgmma: {wide}")
     if launch.kernel == "forward" and shape.maps == 2 and compiled.wgmma and not compiled.exp2_in_flight:
         problems.append(f"no exponential under a product in flight ({compiled.full_waits} full waits)")
+    if launch.tma and (not compiled.tma_loads or compiled.tile_async_copies):
+        problems.append(f"TMA: {compiled.tma_loads} UTMALDG, {compiled.tile_async_copies} tiles by cp.async")
+    if not launch.tma and compiled.tma_loads:
+        problems.append(f"pointer loads: {compiled.tma_loads} UTMALDG")
     assert not problems, f"{shape.name()} {launch.name()}: " + "; ".join(problems)
 
 

@@ -20,7 +20,10 @@ output, never the kernel's source:
   `nvidia_mma` v2 layout: mma.sync) and size, and every tensor held in an mma layout smaller than the
   rows and columns its warps cover (8 warps of a wgmma layout cover 128 rows: a 64-row tensor in it is
   computed twice, once per warp group);
-- from the metadata: the dynamic shared memory the launch needs.
+- from the metadata: the dynamic shared memory the launch needs, and the global scratch its tensor
+  descriptors take;
+- the tile loads: `UTMALDG` (the copy engine's, TMA) in the SASS, and the TTGIR's asynchronous copies
+  of 2-D tiles by pointers (`cp.async`: what Triton pipelines pointer loads of Q, K, V and dO into).
 
 Why our own: Triton reads registers and spills only when a GPU loads the binary, and nothing reads the
 layouts back; these are counts over text the compiler wrote.
@@ -70,16 +73,20 @@ SHAPES = (Shape(2, 64, 6), Shape(2, 128, 3), Shape(1, 64, 12))
 
 @dataclass(frozen=True)
 class Launch:
-    """A kernel as the chooser names it (`backward_kv` with `atomic`: the single pass) and a config."""
+    """A kernel as the chooser names it (`backward_kv` with `atomic`: the single pass), a config, and
+    how its tiles are loaded: `tma`, by tensor descriptors (what the op takes on Hopper for inputs whose
+    strides allow it: op.tma_loads), else by pointers (the fallback)."""
 
     kernel: str
     atomic: bool
     config: configs.Config
+    tma: bool = False
 
     def name(self) -> str:
         kernel = "single pass" if self.kernel == "backward_kv" and self.atomic else self.kernel
         c = self.config
-        return f"{kernel} {c.block_m}x{c.block_n} w{c.num_warps} s{c.num_stages}"
+        loads = " tma" if self.tma else ""
+        return f"{kernel} {c.block_m}x{c.block_n} w{c.num_warps} s{c.num_stages}{loads}"
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,9 @@ class Compiled:
     waits_in_flight: int  # WARPGROUP.DEPBAR.LE gsb0, N > 0
     exp2_per_tile: int  # MUFU.EX2 in the innermost loop with the most
     exp2_in_flight: int  # MUFU.EX2 issued while a committed wgmma group is not yet waited for
+    tma_loads: int = 0  # UTMALDG: tile loads by the copy engine (PTX cp.async.bulk.tensor)
+    tile_async_copies: int = 0  # TTGIR async copies (cp.async, SASS LDGSTS) of 2-D tiles: pointer loads
+    scratch: int = 0  # bytes of global scratch per program (the device-side tensor descriptors)
     dots: list[Dot] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)  # "tensor<64x64> in warps [8, 1] x 16 rows"
     num_warps: int = 4
@@ -120,17 +130,19 @@ class Compiled:
 def candidates(shape: Shape) -> list[Launch]:
     """Every launch the chooser may try for `shape` (configs.candidates), the backward_kv kernel
     both as the single pass (where the op runs it: op.single_pass) and as the deterministic path's
-    first kernel."""
-    launches = [
-        Launch("forward", False, c) for c in configs.candidates("forward", shape.dtype, shape.v_width)
+    first kernel; each with pointer loads and, where op.tma_kernel says, with TMA loads (the op chooses
+    by the inputs' strides)."""
+    kinds = [("forward", False)]
+    kinds += [
+        ("backward_kv", atomic) for atomic in ((True, False) if op.single_pass(shape.v_width) else (False,))
     ]
-    for atomic in (True, False) if op.single_pass(shape.v_width) else (False,):
-        kv = configs.candidates("backward_kv", shape.dtype, shape.v_width)
-        launches += [Launch("backward_kv", atomic, c) for c in kv]
-    launches += [
-        Launch("backward_q", False, c) for c in configs.candidates("backward_q", shape.dtype, shape.v_width)
+    kinds += [("backward_q", False)]
+    return [
+        Launch(kernel, atomic, c, tma)
+        for kernel, atomic in kinds
+        for c in configs.candidates(kernel, shape.dtype, shape.v_width)
+        for tma in ((False, True) if op.tma_kernel(kernel, shape.v_width) else (False,))
     ]
-    return launches
 
 
 class _Recorder:
@@ -188,7 +200,7 @@ def compile_launch(shape: Shape, launch: Launch):
     kernel = kernels.kernels(False)[_ORDER.index(launch.kernel)]
     c = launch.config
     dot = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[shape.dtype]
-    kwargs = kwargs | {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "DOT": dot}
+    kwargs = kwargs | {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "DOT": dot, "TMA": launch.tma}
     kwargs |= {"num_warps": c.num_warps, "num_stages": c.num_stages}
     target = GPUTarget("cuda", ARCH, 32)
     backend = make_backend(target)
@@ -224,6 +236,11 @@ def read(compiled, num_warps: int) -> Compiled:
         waits_in_flight=sum(1 for w in waits if w > 0),
         exp2_per_tile=max((body.count("MUFU.EX2") for body in _innermost_loops(sass)), default=0),
         exp2_in_flight=_exp2_in_flight(sass),
+        tma_loads=len(re.findall(r"\bUTMALDG\b", sass)),
+        tile_async_copies=len(
+            re.findall(r"ttg\.async_copy_global_to_local .*tensor<\d+x\d+x!tt\.ptr", ttgir)
+        ),
+        scratch=int(getattr(compiled.metadata, "global_scratch_size", 0)),
         dots=_dots(ttgir),
         duplicated=_duplicated(ttgir),
         num_warps=num_warps,
