@@ -174,3 +174,13 @@ def test_a_damaged_file_is_measured_again_and_rewritten(tmp_path, text):
         c.block_m for c in candidates("forward", torch.bfloat16, 128)
     )
     assert list(json.loads((tmp_path / triton_configs.FILE).read_text())) == [key().name()]
+
+
+@pytest.mark.parametrize("kernel", triton_configs.KERNELS)
+def test_two_warp_groups_only_for_products_of_128_rows(kernel):
+    """16 bits, V up to 128: 8 warps where the kernel's products have 128 rows, 4 where they have 64 (a
+    wgmma warp group covers 64 rows: 8 warps on a 64-row product compute it twice). The dK/dV kernel's
+    products have the key block's rows (backward.py: S^T = K Q^T), the others the query tile's."""
+    for config in candidates(kernel, torch.bfloat16, 128):
+        rows = config.block_n if kernel == "backward_kv" else config.block_m
+        assert rows in (64, 128) and config.num_warps == triton_configs.warps(rows), config
