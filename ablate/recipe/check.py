@@ -12,10 +12,8 @@ from typing import Any
 
 from ablate.core import contract, registry
 from ablate.core.tables import markdown_table, si
-from ablate.hardware.precision import choose_precision
 from ablate.model.config import ModelConfig
 from ablate.model.cost import Cost, attention_shape, model_cost, relative_deviation
-from ablate.model.memory import GB, memory_plan
 from ablate.recipe.matching import Tolerance
 from ablate.recipe.resolve import Recipe, RunSpec
 
@@ -57,7 +55,7 @@ def variant_costs(recipe: Recipe, scale: str | None) -> list[VariantCost]:
     ]
 
 
-def _row_name(run: RunSpec) -> str:
+def row_name(run: RunSpec) -> str:
     return run.variant + (f"@{run.size}" if run.size else "")
 
 
@@ -71,7 +69,7 @@ def check_table(costs: list[VariantCost], tolerance: Tolerance) -> tuple[str, li
         df = relative_deviation(row.cost.fwd_flops_per_token, ref.fwd_flops_per_token)
         bad = abs(dp) > tolerance.params or abs(df) > tolerance.flops
         if bad:
-            unmatched.append(_row_name(row.run))
+            unmatched.append(row_name(row.run))
         table.append(
             [
                 row.run.variant + (f" ({row.run.size})" if row.run.size else ""),
@@ -92,7 +90,7 @@ def check_table(costs: list[VariantCost], tolerance: Tolerance) -> tuple[str, li
 
 def flops_note(costs: list[VariantCost]) -> str:
     """Which rows' FLOPs came from hand-written `flops()` and which were counted automatically."""
-    counted = [f"variants.{_row_name(c.run)} ({', '.join(c.cost.counted)})" for c in costs if c.cost.counted]
+    counted = [f"variants.{row_name(c.run)} ({', '.join(c.cost.counted)})" for c in costs if c.cost.counted]
     if not counted:
         return "FLOPs: every component's own flops()"
     return (
@@ -113,7 +111,7 @@ def solved_notes(recipe: Recipe, costs: list[VariantCost]) -> list[str]:
             recipe.raw["variants"][row.run.variant], row.run, first.run.variant, row.cost, first.cost
         )
         if line:
-            lines.append(f"variants.{_row_name(row.run)}: {line}")
+            lines.append(f"variants.{row_name(row.run)}: {line}")
     return lines
 
 
@@ -121,7 +119,7 @@ def warmup_notes(costs: list[VariantCost]) -> list[str]:
     """A line for rows whose warmup is as long as the run: their learning rate never reaches `train.lr`
     (typically `--base.train.steps` lowered without `--base.train.warmup_steps`); one line when every row
     is alike."""
-    short = {_row_name(c.run): c.run.train for c in costs if c.run.train.warmup_steps >= c.run.train.steps}
+    short = {row_name(c.run): c.run.train for c in costs if c.run.train.warmup_steps >= c.run.train.steps}
 
     def line(where: str, train: Any) -> str:
         return (
@@ -162,10 +160,10 @@ def structure_differences(costs: list[VariantCost]) -> list[str]:
                 who = (
                     "the other rows use"
                     if len(users) == len(others)
-                    else f"{', '.join('variants.' + _row_name(costs[j].run) for j in users)} use"
+                    else f"{', '.join('variants.' + row_name(costs[j].run) for j in users)} use"
                 )
                 lines.append(
-                    f"variants.{_row_name(cost.run)}: model.{kind} does not take {_source(name, model)} "
+                    f"variants.{row_name(cost.run)}: model.{kind} does not take {_source(name, model)} "
                     f"that {who}: {contract.CONSEQUENCE.get(name, 'it does not follow that setting')}"
                 )
     return lines
@@ -197,49 +195,9 @@ def mup_notes(costs: list[VariantCost]) -> list[str]:
         cfg = model.config
         if p.base_d_model > cfg.d_model or p.base_n_layers > cfg.n_layers:
             notes.append(
-                f"{_row_name(c.run)}: model.parametrization's base (d_model {p.base_d_model}, n_layers "
+                f"{row_name(c.run)}: model.parametrization's base (d_model {p.base_d_model}, n_layers "
                 f"{p.base_n_layers}) is larger than the model (d_model {cfg.d_model}, n_layers {cfg.n_layers}): "
                 "μP carries hyperparameters tuned at the base to wider models; here they are scaled down "
                 "to a narrower one (set base_d_model to the width the learning rate was tuned at)"
             )
     return notes
-
-
-# The card a plan is held against where this machine has none: 80 GB (an H100 or A100).
-PLAN_GPU_BYTES = 80 * GB
-
-
-class _PlannedCard:
-    """That card as `ablate.hardware.precision.choose_precision` asks of a CUDA device: it runs bf16."""
-
-    @staticmethod
-    def is_bf16_supported() -> bool:
-        return True
-
-
-def planned_precision(requested: str, gpu_present: bool) -> str:
-    """The precision a run of `requested` takes on the card of the plan: this machine's GPU, or else the
-    80 GB card (decided where every run's precision is, `choose_precision`)."""
-    return choose_precision(
-        requested, "cuda", key="train.precision", cuda=None if gpu_present else _PlannedCard
-    )[0]
-
-
-def memory_lines(costs: list[VariantCost], gpu_bytes: float | None = None) -> tuple[list[str], list[str]]:
-    """Each row's memory plan on one device, every device a replica (ablate.model.memory), against
-    `gpu_bytes` (default: an 80 GB card), one line a row; and the rows that do not fit."""
-    limit = PLAN_GPU_BYTES if gpu_bytes is None else gpu_bytes
-    lines, too_large = [], []
-    for c in costs:
-        precision = planned_precision(c.run.train.precision, gpu_bytes is not None)
-        plan = memory_plan(
-            c.run.model,
-            precision=precision,
-            micro_batch_size=c.run.train.micro_batch_size,
-            seq_len=c.run.train.seq_len,
-        )
-        fits = plan.total <= limit
-        if not fits:
-            too_large.append(_row_name(c.run))
-        lines.append(f"  {_row_name(c.run)} ({precision}): {plan.row()}" + ("" if fits else ": DOES NOT FIT"))
-    return lines, too_large

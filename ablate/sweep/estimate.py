@@ -6,6 +6,9 @@ through the device's clock (`ablate.hardware.device`: synchronised on CUDA). Whe
 micro-batch of the real model is cheap (small scales) the real model is timed; otherwise a one-layer
 model of the same width and vocabulary on one short sequence, whose FLOP rate stands in for the whole.
 The estimate is training FLOPs / measured FLOP rate; validation and start-up add a little on top.
+
+`gpu_hours` is the other side, for a plan whose runs this machine cannot time (the paper's sizes): the
+same training FLOPs at an assumed model-FLOPs utilisation of an 80 GB H100-class card (`GPU_ASSUMPTION`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,15 @@ from ablate.recipe.resolve import RunSpec
 from ablate.train.choices.decided import placement
 
 REAL_MODEL_LIMIT = 5e10  # training FLOPs of one calibration micro-batch above which the probe is used
+
+# An H100 SXM's dense matrix peak by the dtype products run in (bf16 tensor cores; float32 without TF32,
+# PyTorch's default for matmuls), and the share of it a well-tuned FSDP run of 1-13B models reaches.
+GPU_PEAK_FLOPS = {torch.bfloat16: 989e12, torch.float16: 989e12, torch.float32: 67e12}
+ASSUMED_MFU = 0.40
+GPU_ASSUMPTION = (
+    "GPU-hours: 3 x forward FLOPs (4 x with activation checkpointing) x tokens at "
+    f"{ASSUMED_MFU:.0%} MFU of an H100 SXM's dense peak (989 TFLOP/s bf16, 67 float32)"
+)
 
 
 @dataclass
@@ -101,6 +113,16 @@ def trained_tokens(run: RunSpec, workspace: Workspace | None = None) -> int:
     steps = 0 if done(run) else run.train.steps - start
     steps += sum(len(own_steps(run, b)) for b in run.branches() if not done(b))
     return steps * run.train.batch_tokens
+
+
+def gpu_hours(run: RunSpec, precision: str, workspace: Workspace | None = None) -> float:
+    """GPU-hours of `run` (its budgets' branches too: `trained_tokens`) in a resolved `precision` on
+    H100-class cards at `ASSUMED_MFU`."""
+    passes = 4 if run.train.activation_checkpointing else 3  # a recomputed block runs its forward twice
+    flops = (
+        passes * model_cost(run.model, run.train.seq_len).fwd_flops_per_token * trained_tokens(run, workspace)
+    )
+    return flops / (ASSUMED_MFU * GPU_PEAK_FLOPS[compute_dtype(precision)]) / 3600
 
 
 def make_plan(runs: list[RunSpec], workspace: Workspace | None = None) -> Plan:

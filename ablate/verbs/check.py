@@ -77,7 +77,8 @@ def check(
 
 
 def run_check(recipe: Recipe, scale: str | None, allow_unmatched: bool = False) -> str:
-    """Print-ready report (table, then notes); raises UserError when a variant is beyond the recipe's tolerance."""
+    """Print-ready report (table, then notes, then the memory plan); raises UserError when a row's plan fits
+    no GPU (after printing the report) or a variant is beyond the recipe's tolerance."""
     from ablate.recipe.check import (
         check_table,
         flops_note,
@@ -97,7 +98,11 @@ def run_check(recipe: Recipe, scale: str | None, allow_unmatched: bool = False) 
         *warmup_notes(costs),
         *mup_notes(costs),
     ]
-    report = table + "\n\n" + "\n".join(notes) + "\n" + memory_report(costs)
+    memory, refused = memory_report(recipe, scale, costs)
+    report = table + "\n\n" + "\n".join(notes) + "\n" + memory
+    if refused:  # before anything trains: a sweep's plan is this check's
+        print(report)
+        raise UserError(refused)
     if unmatched and not allow_unmatched:
         tol = recipe.tolerance
         print(report)
@@ -162,23 +167,41 @@ def run_coord(
     return 0
 
 
-def memory_report(costs: list[VariantCost]) -> str:
-    """The memory table `ablate check` and a sweep's plan print: each row on one device, every device
-    holding the whole model (DDP)."""
-    from ablate.hardware.device import gpu_memory_bytes
-    from ablate.recipe.check import memory_lines
+def memory_report(recipe: Recipe, scale: str | None, costs: list[VariantCost]) -> tuple[str, str]:
+    """The memory table `ablate check` and a sweep's plan print: each row a GPU under the strategy it
+    trains with (ablate.train.choices.strategy: `auto` over several devices is ddp where a replica fits,
+    else fsdp), with its GPU-hours (ablate.sweep.estimate.gpu_hours); and the refusal of the rows that
+    fit no GPU, one line ("" where every row fits)."""
+    from ablate.core.tables import si
+    from ablate.recipe.check import row_name
+    from ablate.sweep.estimate import GPU_ASSUMPTION, gpu_hours
+    from ablate.train.choices.strategy import choose_strategy, refusal
 
-    gpu = gpu_memory_bytes()
-    rows, too_large = memory_lines(costs, gpu)
-    where = f"this machine's {gpu / 1e9:.0f} GB GPU" if gpu else "an 80 GB card (no GPU here)"
-    lines = [
-        f"memory per device, every device holding the whole model (DDP), against {where} (each row in the "
-        "precision a run takes on that card; activations as this machine runs the attention backend):",
-        *rows,
-    ]
-    if too_large:
+    lines, refused, hours, first = [], [], 0.0, ""
+    card = None
+    for c in costs:
+        choice = choose_strategy(c.run.model, c.run.train)
+        card = choice.card
+        row, plan = row_name(c.run), choice.plan
+        run_hours = gpu_hours(c.run, plan.precision)
+        hours += run_hours
         lines.append(
-            f"{', '.join(too_large)}: a replica does not fit one device; lower train.micro_batch_size (the "
-            "activations) or train a smaller size: sharding the model over devices is not available yet"
+            f"  {row} ({plan.precision}; {choice.why()}): {si(plan.total)}B a GPU ({plan.row()}); "
+            f"{_hours(run_hours)} GPU-hours" + ("" if choice.fits else ": DOES NOT FIT")
         )
-    return "\n".join(lines)
+        if not choice.fits:
+            refused.append(row)
+            if len(refused) == 1:  # the first row's refusal says what would fit (each option planned)
+                first = refusal(f"{recipe.name} {scale} row {row}", c.run.model, c.run.train, choice)
+    header = (
+        f"memory per GPU against {card.name if card else 'the plan card'}, each row in the precision it takes "
+        "there, under the strategy it trains with (activations as this machine runs the attention backend); "
+        f"{GPU_ASSUMPTION}:"
+    )
+    total = f"  {_hours(hours)} GPU-hours for the {len(costs)} rows at one seed"
+    more = f" (and {len(refused) - 1} more rows: {', '.join(refused[1:])})" if len(refused) > 1 else ""
+    return "\n".join([header, *lines, total]), first + more
+
+
+def _hours(hours: float) -> str:
+    return f"{hours:,.0f}" if hours >= 10 else f"{hours:.2g}"

@@ -30,7 +30,9 @@ def train(
         size: size, for recipes with a sizes axis (scaling grids)
     """
     from ablate.model.decoder import meta_blocks
+    from ablate.recipe.check import row_name
     from ablate.train.branches import train_budgets
+    from ablate.train.choices.strategy import require_fit
 
     opts = Shared(**options)
     loaded = load(recipe, overrides, opts.scale)
@@ -46,6 +48,7 @@ def train(
         runs = [r for r in runs if r.size == size]
     (run,) = runs
     meta_blocks(run.model)  # its components' options checked (one line each) before the workspace is touched
+    require_fit(f"{loaded.name} {run.scale} row {row_name(run)}", run.model, run.train)  # its plan fits a GPU
     for result in train_budgets(run, opts.stores):
         print(result.summary())  # the run, then each smaller budget's branch (ablate.recipe.budgets)
     return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from cli_helpers import run_cli
+from cli_helpers import assert_one_line_error, run_cli
 
 from ablate.core.registry import load_plugins
 from ablate.hardware.device import CpuOps
@@ -64,11 +64,11 @@ def test_the_plan_matches_a_real_step(size, attention, precision):
     assert plan.activations == pytest.approx(peak, rel=0.10), (plan.activations, peak)
 
 
-def test_check_prints_the_memory_plan_and_the_rows_that_do_not_fit(capsys):
+def test_check_prints_the_memory_plan_and_refuses_the_rows_that_do_not_fit(capsys):
     code, out, err = run_cli(capsys, "check", "recipes/table6.yaml", "--scale", "tiny")
     assert code == 0, err
-    rows = out[out.index("memory per device") :].splitlines()[1:8]
-    assert "80 GB card" in out and all(r.endswith("B") and "DOES NOT FIT" not in r for r in rows), rows
+    rows = out[out.index("memory per GPU") :].splitlines()[1:8]
+    assert "80 GB card" in out and all("one GPU" in r and "DOES NOT FIT" not in r for r in rows), rows
     code, out, err = run_cli(
         capsys,
         "check",
@@ -82,8 +82,10 @@ def test_check_prints_the_memory_plan_and_the_rows_that_do_not_fit(capsys):
         "--base.train.seq_len",
         "4096",
     )
-    assert code == 0, err
-    assert "a replica does not fit one device" in out and out.count(": DOES NOT FIT") == 7
+    assert out.count(": DOES NOT FIT") == 7  # the table printed, then one line
+    assert_one_line_error(
+        code, err, "table6 tiny row transformer: ", "of an 80 GB card", "(and 6 more rows: "
+    )
 
 
 class _Recomputed(torch.nn.Module):

@@ -1,10 +1,11 @@
 """What one run trains on, decided once per process and handed down (`decide`): where and in what
 precision (`Placement`: `train.accelerator` and `train.precision` resolved, `auto` on a CPU that claims
 native bf16 by the run's whole step, ablate.train.choices.precision), on CUDA the attention backend and
-compiling that `auto` measured fastest (ablate.train.choices.attention), and with them the run's `model:`
-and `train:` sections as they train. The model's build, the LightningModule, the Trainer, the run's tags
-and its final metrics all read this one `Decided`, so nothing downstream decides again, and the tags name
-what trained.
+compiling that `auto` measured fastest (ablate.train.choices.attention), `strategy: auto` over several
+devices as ddp or fsdp by the memory plan (ablate.train.choices.strategy), and with them the run's
+`model:` and `train:` sections as they train. The model's build, the LightningModule, the Trainer, the
+run's tags and its final metrics all read this one `Decided`, so nothing downstream decides again, and
+the tags name what trained.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ablate.model.config import ModelConfig
 from ablate.store import names
 from ablate.train.choices.attention import Choice, choose_attention, training_config
 from ablate.train.choices.precision import choose_step_precision
+from ablate.train.choices.strategy import strategy_resolved
 from ablate.train.config import TrainConfig
 
 
@@ -76,4 +78,4 @@ def decide(run: Any, workspace: Workspace, *, where: Placement | None = None, **
     )
     model = choice.model(run.model) if choice else run.model
     kernels.record_launches()  # the run's launches from here: not the candidates measured above
-    return Decided(where, choice, model, training_config(run.train, choice))
+    return Decided(where, choice, model, strategy_resolved(run.model, training_config(run.train, choice)))
