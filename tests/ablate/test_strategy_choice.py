@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from cli_helpers import assert_one_line_error, run_cli
-from mini_project import write_recipe
+from mini_project import sweep_argv, write_recipe
 
 from ablate.core.errors import UserError
 from ablate.core.workspace import Workspace
@@ -113,6 +113,14 @@ def test_train_refuses_a_plan_that_does_not_fit_before_its_workspace_exists(tmp_
     code, _, err = run_cli(capsys, "train", str(recipe), "--variant", "diff", "--workspace", str(workspace))
     assert_one_line_error(code, err, " row diff: ", "a GPU (one GPU, 32-true) of a 1e-06 GB device")
     assert not workspace.exists()
+
+
+def test_a_sweep_refuses_a_plan_that_does_not_fit_before_anything_trains(tmp_path, capsys):
+    recipe = write_recipe(tmp_path, base__train__gpu_memory_gb=1e-6)
+    code, out, err = run_cli(capsys, *sweep_argv(recipe, tmp_path))
+    assert out.count(": DOES NOT FIT") == 2  # the plan printed, then one line
+    assert_one_line_error(code, err, " row transformer: ", "(and 1 more rows: diff)")
+    assert not (tmp_path / "ws" / "runs").exists() and not (tmp_path / "rep").exists()
 
 
 ROW = re.compile(r"^  (\S+) \((\S+); (.+?)\): ([\d.]+)GB a GPU .*; ([\d,]+) GPU-hours$")
