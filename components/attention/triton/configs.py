@@ -80,10 +80,10 @@ def bucket(seq_len: int) -> int:
 # float32 (no TF32: twice the registers and shared memory per tile) or V wider. Each is a launch that
 # compiles for sm_90 with no spill in the forward and the single pass, no layout its warps duplicate, and
 # wgmma for every product of 64 rows or more (tests/components/test_triton_compiled.py compiles them all;
-# benchmarks/triton_sm90_after.md has their registers). Eight warps are two warp groups: a wgmma warp group
-# covers 64 rows, so 8 warps on a 64-row product compute it twice; they go with 128-row products, or with
-# 32-row tiles on mma.sync, which Triton splits by columns. The backward_kv kernel's products (but dQ) have
-# the key block's rows (backward.py: S^T = K Q^T).
+# benchmarks/triton_sm90_tma.md has their registers, with pointer and TMA loads). Eight warps are two warp
+# groups: a wgmma warp group covers 64 rows, so 8 warps on a 64-row product compute it twice; they go with
+# 128-row products, or with 32-row tiles on mma.sync, which Triton splits by columns. The backward_kv
+# kernel's products (but dQ) have the key block's rows (backward.py: S^T = K Q^T).
 NARROW = {
     "forward": [(128, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2), (128, 64, 8, 3)],
     "backward_kv": [(16, 128, 8, 2), (16, 64, 4, 2), (16, 128, 8, 3), (16, 64, 4, 3)],
@@ -102,7 +102,8 @@ def candidates(kernel: str, dtype: torch.dtype, v_width: int) -> list[Config]:
     `small` widths ran 1.38x faster at 2,048 tokens and 1.75x at 8,192 than with 64 x 64, the best of 10
     configurations timed for all three kernels at once: reports/gpu-h200/tune_triton.csv); the single
     pass holds dK1, dK2 and dV for its key block (the block's rows x 4d float32 for Diff), so its query
-    tiles are short (16 rows) against 128 keys with 8 warps or 64 with 4; V wider than 128 takes the
+    tiles are short (16 rows) against 128 keys with 8 warps or 64 with 4 (a 128-row query tile against
+    64 keys spills on sm_90: benchmarks/NOTES.md, "a 128-row query tile in the single pass"); V wider than 128 takes the
     two-kernel backward (op.single_pass), whose dK/dV kernel walks 64-row query tiles against
     16-row key blocks; the dQ kernel holds dQ1 and dQ2 only and takes query blocks of 64 or 128."""
     if kernel not in KERNELS:
