@@ -100,12 +100,12 @@ def candidates(kernel: str, dtype: torch.dtype, v_width: int) -> list[Config]:
     """The configurations timed for `kernel` (ties go to the earlier): `NARROW` in 16 bits with V up to 128
     wide, `WIDE` otherwise. In 16 bits the forward starts from 128 x 64 (on an H200, Diff's core at the
     `small` widths ran 1.38x faster at 2,048 tokens and 1.75x at 8,192 than with 64 x 64, the best of 10
-    configurations timed for all three kernels at once: reports/gpu-h200/tune_triton.csv); the single
-    pass holds dK1, dK2 and dV for its key block (the block's rows x 4d float32 for Diff), so its query
-    tiles are short (16 rows) against 128 keys with 8 warps or 64 with 4 (a 128-row query tile against
-    64 keys spills on sm_90: benchmarks/NOTES.md, "a 128-row query tile in the single pass"); V wider than 128 takes the
-    two-kernel backward (op.single_pass), whose dK/dV kernel walks 64-row query tiles against
-    16-row key blocks; the dQ kernel holds dQ1 and dQ2 only and takes query blocks of 64 or 128."""
+    configurations timed for all three kernels at once: reports/gpu-h200/tune_triton.csv); the single pass
+    holds dK1, dK2 and dV for its key block (the block's rows x 4d float32 for Diff), so its query tiles are
+    short (16 rows) against 128 keys with 8 warps or 64 with 4 (a 128-row query tile against 64 keys spills
+    on sm_90: benchmarks/NOTES.md, "a 128-row query tile in the single pass"); V wider than 128 takes the
+    two-kernel backward (op.single_pass), whose dK/dV kernel walks 64-row query tiles against 16-row key
+    blocks; the dQ kernel holds dQ1 and dQ2 only and takes query blocks of 64 or 128."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(KERNELS)}")
     table = WIDE if dtype == torch.float32 or v_width > 128 else NARROW
