@@ -46,6 +46,11 @@ RUN_BY: list[tuple[str, str, dict[str, str]]] = [
         {},
     ),
     (
+        "ablate check recipes/scaling-size.yaml",
+        "tests/ablate/test_strategy_choice.py::test_check_plans_the_papers_scale_with_fsdp_where_a_replica_does_not_fit",
+        {},
+    ),
+    (
         "ablate server --backend-store-uri $MLFLOW_DB --artifacts /data/mlflow-artifacts --host 0.0.0.0 "
         "--port 5000 --allowed-hosts track.cluster:5000",
         "tests/scaleout/conftest.py::mlflow_server",
