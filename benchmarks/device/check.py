@@ -20,6 +20,8 @@ child process held to its box, so a part that fails or overruns loses nothing th
      beside the cost model's prediction (benchmarks/device/diff_kernel.py)
   w  the whole `small` model, both arms, eager, on each backend path: `auto`, cuDNN, `triton` (paths.py)
   p  one training step per arm under torch.profiler: its top kernels and their share (profile_step.py)
+  m  the memory plan beside the measured peak: the `small` arms trained a few steps under FSDP2's
+     fully_shard on one device, torch.cuda.max_memory_allocated beside the plan's (memory_fsdp.py)
   x  w under torch.compile, with the time left (paths.py)
   e  (when named) Diff with `train.compile: true`: compile time apart from training time, tokens/s
   d  (when named) the `cpu-tokens` width's token budgets, sized to land in the box (`runs.d_sizing`),
@@ -87,23 +89,29 @@ class Part(NamedTuple):
 # arm, kept in the workspace for every later part: KERNEL_CHOICE_S), e 70 (Diff's cold compile 18.4 s, its
 # training graph), t 43. w: three `ablate bench` runs of
 # both arms at one length (b's 31 s were three lengths and three rounds): about 15 s each. x: the same under
-# torch.compile, two cold compiles of 18.4 s each a path (part e's, the Transformer's assumed alike).
+# torch.compile, two cold compiles of 18.4 s each a path (part e's, the Transformer's assumed alike). m:
+# assumed, not yet run on a card: a child's start (Python, torch, the recipe, CUDA and NCCL) about 6 s, its
+# first row 4 s (cuBLAS's first products), each other row 2 s (a 100M model built, sharded and stepped 3
+# times). Its 16 s came out of the other shares' margins (a 2, b 2, c 2, t 3, w 3, p 1) and 1 s of x's.
 KERNEL_CHOICE_S = 10  # an arm's `triton` launch choices in part c, assumed (8 Triton compiles, 10 timings)
 PARTS = {
-    "a": Part("attention kernels against float64", "backend_check:main", 28, False,
+    "a": Part("attention kernels against float64", "backend_check:main", 26, False,
               "88 checks of 2 kinds x 11 backends x 2 dtypes x 2 kv-head counts; 2 x 8 timings", 25),
-    "b": Part("`ablate bench`, `small`, seq 1024-4096", "runs:bench", 35, False,
+    "b": Part("`ablate bench`, `small`, seq 1024-4096", "runs:bench", 33, False,
               "2 variants x 3 lengths x 3 rounds of 16,384 tokens", 31),
-    "c": Part("`ablate train`, `small`, bf16-mixed", "runs:train", 128, True,
+    "c": Part("`ablate train`, `small`, bf16-mixed", "runs:train", 126, True,
               "2 variants: `auto`'s attention measured (4 eager candidates, the `triton` kernel's launches "
               "chosen), then 60 steps of 32,768 tokens",
               2 * 22 + 60 * (0.15 + 0.22) + 15 + 2 * (12 + KERNEL_CHOICE_S)),
-    "t": Part("the fused Triton differential attention (backend `triton`)", "diff_kernel:main", 48, False,
+    "t": Part("the fused Triton differential attention (backend `triton`)", "diff_kernel:main", 45, False,
               "8 checks against float64; 4 arms x 4 lengths (1024-8192) x 5 rounds of 16,384 tokens", 43),
-    "w": Part("the whole `small` model, eager, on each path", "paths:eager", 50, False,
+    "w": Part("the whole `small` model, eager, on each path", "paths:eager", 47, False,
               "2 arms x 3 backends (`auto`, `sdpa_cudnn`, `triton`) at 2,048 x 2 rounds of 16,384 tokens", 45),
-    "p": Part("one profiled training step per arm (`torch.profiler`)", "profile_step:main", 22, False,
+    "p": Part("one profiled training step per arm (`torch.profiler`)", "profile_step:main", 21, False,
               "2 arms: 3 warm-up steps, 1 profiled; the top kernels and their share of the step", 20),
+    "m": Part("the memory plan beside the measured peak, FSDP2 on one device", "memory_fsdp:main", 16, False,
+              "3 rows (Transformer, Diff, Diff recomputed) x 3 AdamW steps of 16,384 tokens under fully_shard",
+              6 + 4 + 2 * 2),
     "x": Part("the whole `small` model under `torch.compile`, on each path", "paths:compiled", None, False,
               "2 arms x 3 backends compiled (6 cold compiles) at 2,048 x 2 rounds of 16,384 tokens", 3 * (15 + 2 * 18.4)),
     "e": Part("`ablate train`, `small`, `train.compile: true`", "runs:compiled", 80, True,
@@ -111,8 +119,8 @@ PARTS = {
     "d": Part("token budgets at the `cpu-tokens` width", "runs:budgets", None, True,
               "sized from its box: runs.d_sizing"),
 }  # fmt: skip
-DEFAULT = ["a", "b", "c", "t", "w", "p", "x"]
-DERIVED = {"c", "w", "p", "x", "d"}  # their H200 seconds derived (above; d: runs.d_sizing), not measured
+DEFAULT = ["a", "b", "c", "t", "w", "p", "m", "x"]
+DERIVED = {"c", "w", "p", "m", "x", "d"}  # their H200 seconds derived (above; d: runs.d_sizing), not measured
 COLLECT_S = 15  # seconds of a part's box kept for its collect (Python, MLflow, one query per run)
 INSTALL_GUESS_S = 30  # the plan's printout only: the real run measures the install first
 

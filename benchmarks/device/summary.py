@@ -50,6 +50,11 @@ MEANINGS = """\
   synchronized), the sum of every kernel's own device time, the number of kernel launches; then the top
   25 kernels by own device time, with their share of the step (of its wall time: what is not covered is
   the device idle, waiting on launches) and of the kernels' sum.
+- `m_memory.csv`: part m, the memory plan (ablate/model/memory.py, one rank of FSDP2) beside what the
+  `small` Transformer, Diff and Diff with each block recomputed held under `fully_shard` (per block and at
+  the root) after 3 AdamW steps of one 1,024 x 16 micro-batch, bf16 on CUDA: the model state planned and
+  measured (every local shard, gradient and AdamW state tensor; they should be equal), the plan's total
+  and the last step's peak (`torch.cuda.max_memory_allocated`), and their ratio.
 - `parts.csv`: each part's status and seconds, appended as each part ends (and across runs into the same
   folder); `versions.json`: what the image had of each needed package against pyproject's bounds, before
   and after the install; `logs/`: each part's output; `stores/`: the MLflow and Optuna stores, copied after
@@ -174,6 +179,14 @@ def profile_section(out: Path, top: int = 8) -> list[str]:
     return [*table(steps, list(steps[0])), "", *table(kernels, list(kernels[0]) if kernels else ["variant"])]
 
 
+def memory_section(out: Path) -> list[str]:
+    """Part m: each row's plan beside its measured state and peak (`memory_fsdp.py`)."""
+    rows = read_csv(out / "m_memory.csv")
+    columns = ["variant", "activation_checkpointing", "precision", "planned_state", "measured_state",
+               "planned_total", "measured_peak", "peak_over_plan"]  # fmt: skip
+    return table(rows, columns) if rows else ["(no results)"]
+
+
 def write_readme(out: Path, args, argv: list[str]) -> None:
     """README.md from what is in `out`, parts.csv's rows included (every run into the folder)."""
     info = json.loads((out / "device.json").read_text()) if (out / "device.json").exists() else {}
@@ -228,6 +241,10 @@ def write_readme(out: Path, args, argv: list[str]) -> None:
         "## (p) one profiled training step per arm",
         "",
         *section("p", profile_section(out)),
+        "",
+        "## (m) the memory plan beside the measured peak, FSDP2 on one device",
+        "",
+        *section("m", memory_section(out)),
         "",
         "## (d) token budgets at the `cpu-tokens` width, sized to the box",
         "",

@@ -1,6 +1,7 @@
-"""The device check (benchmarks/device/check.py): its dry run end to end on CPU, as the GPU machine runs
-it (scipy, matplotlib, zstandard, pandas and threadpoolctl hidden: the image lacks them), and a part that
-fails or overruns its time box losing nothing the others wrote. Parts e and x (`torch.compile`) are left
+"""The device check (benchmarks/device/check.py): its dry run end to end on CPU (part m, the memory plan
+beside FSDP2 on one rank, included), as the GPU machine runs it (scipy, matplotlib, zstandard, pandas and
+threadpoolctl hidden: the image lacks them), and a part that fails or overruns its time box losing nothing
+the others wrote. Parts e and x (`torch.compile`) are left
 out of the dry run: inductor takes minutes on a 2-core CPU (tests/components/test_compile.py checks the
 compiled model, tests/ablate/test_compile_time.py its compile time apart)."""
 
@@ -139,14 +140,14 @@ def test_the_default_plan_fits_500_s_at_the_h200s_part_times(wheels):
     the 500 s plan; the parts that replaced the token budgets in it; a budget too short says which part
     would overrun, and exits 1."""
     check = load_check()
-    assert check.DEFAULT == ["a", "b", "c", "t", "w", "p", "x"]  # d and e only when named
+    assert check.DEFAULT == ["a", "b", "c", "t", "w", "p", "m", "x"]  # d and e only when named
     boxes = check.plan(500.0, check.INSTALL_GUESS_S, check.DEFAULT)
     for part in check.DEFAULT:
         assert check.PARTS[part].expected_s <= boxes[part], (part, boxes)
     plan = plan_run(wheels=wheels)
     assert plan.returncode == 0, plan.stdout + plan.stderr
     assert "| total | | 500 |" in plan.stdout and "over their box" not in plan.stdout
-    assert "| d |" not in plan.stdout and "| w |" in plan.stdout and "| x |" in plan.stdout
+    assert "| d |" not in plan.stdout and all(f"| {p} |" in plan.stdout for p in "wmx")
     short = plan_run("--budget-s", "450", wheels=wheels)
     assert short.returncode == 1 and "over their box at the H200's seconds: x" in short.stdout
 
@@ -236,14 +237,14 @@ def test_dry_run_on_cpu_keeps_each_part_through_a_lease_cut(tmp_path):
     assert len(kernels) == 88 and {r["status"] for r in kernels} == {"pass", "n/a"}
     assert {r["variant"] for r in rows(out / "b_bench" / "bench.csv")} == {"transformer", "diff"}
     readme = (out / "README.md").read_text()
-    assert "88 checks" in readme and readme.count("(not run)") == 5  # c, e, w and x, p, d
+    assert "88 checks" in readme and readme.count("(not run)") == 6  # c, e, w and x, p, m, d
     assert json.loads((out / "versions.json").read_text())["after_install"]
 
-    proc = subprocess.run([*command, "--parts", "c", "t", "w", "p", "d"], cwd=tmp_path, env=env, capture_output=True,
+    proc = subprocess.run([*command, "--parts", "c", "t", "w", "p", "m", "d"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=1800)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [(r["part"], r["status"]) for r in rows(out / "parts.csv")] == [
-        (part, "ok") for part in ("install", "a", "b", "install", "c", "t", "w", "p", "d")
+        (part, "ok") for part in ("install", "a", "b", "install", "c", "t", "w", "p", "m", "d")
     ], logs()
     # part w: a path without a kernel on the device is a row saying why, and the next path runs
     paths = rows(out / "w_paths.csv")
@@ -260,6 +261,15 @@ def test_dry_run_on_cpu_keeps_each_part_through_a_lease_cut(tmp_path):
     assert {r["variant"] for r in kernels} == {"transformer", "diff"}
     assert all(0 < float(r["share_of_kernels"]) <= 1 for r in kernels)
     assert any("mm" in r["kernel"] for r in kernels)
+    # part m: the memory plan beside FSDP2 on one rank: the model state exact, the step's peak near the plan
+    memory = rows(out / "m_memory.csv")
+    assert [(r["variant"], r["activation_checkpointing"]) for r in memory] == [
+        ("transformer", "False"), ("diff", "False"), ("diff", "True")
+    ]  # fmt: skip
+    assert all(r["planned_state"] == r["measured_state"] for r in memory), memory
+    assert all(0.5 < float(r["peak_over_plan"]) < 1.5 for r in memory), memory
+    assert int(memory[2]["planned_activations"]) < int(memory[1]["planned_activations"])
+    assert "## (m) the memory plan" in (out / "README.md").read_text()
     # part t: the triton kernel (Triton's interpreter on CPU) against float64, then timed beside split V
     triton = importlib.util.find_spec("triton") is not None  # the `[triton]` extra; .ci/run installs it
     assert {r["status"] for r in rows(out / "t_kernel.csv")} == ({"pass"} if triton else {"n/a"})
