@@ -145,17 +145,16 @@ def held_out_batches(run: RunSpec, workspace: Workspace, tokens: int):
 
 
 def load_model(run: RunSpec, workspace: Workspace, checkpoint: str):
-    """The run's model with the weights of its `best` or `last` checkpoint (weights only), in eval mode."""
-    import torch
-
+    """The run's model with the weights of its `best` or `last` checkpoint (weights only), in eval mode: a
+    file, or an fsdp run's sharded folder gathered (ablate.train.checkpoint_files)."""
     from ablate.model.decoder import build_model
+    from ablate.train import checkpoint_files
     from ablate.train.resume import run_dir
 
     path = run_dir(workspace, run) / "checkpoints" / f"{checkpoint}.ckpt"
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"no {checkpoint} checkpoint at {path}")
-    state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
-    weights = {k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")}
+    weights = checkpoint_files.model_weights(path)
     model = build_model(run.model, seed=run.seed)
     model.load_state_dict(weights)
     return model.eval()

@@ -184,6 +184,17 @@ TOP_KEYS = tuple(f.name for f in dataclasses.fields(RecipeFile))
 VARIANT_KEYS = tuple(f.name for f in dataclasses.fields(Variant))
 
 
+def how_computed(train: TrainConfig) -> tuple[str, ...]:
+    """The `train:` keys that say how a run is computed, not which run it is: left out of its key, so its
+    folder and checkpoints serve it however it is computed (docs/scaling-out.md). Activation checkpointing
+    recomputes the same numbers. Under fsdp the ranks split the same global batch (`train.batch_tokens`)
+    and a sharded checkpoint reshards to any number of them, so a run resumes on other devices or nodes;
+    DDP's runs were keyed with their devices before fsdp existed, and keep those keys."""
+    if train.strategy == "fsdp":
+        return ("activation_checkpointing", "devices", "num_nodes")
+    return ("activation_checkpointing",)
+
+
 @dataclass(frozen=True, eq=False)
 class RunSpec:
     """One fully resolved training run: everything needed to reproduce it, nothing implicit.
@@ -223,6 +234,7 @@ class RunSpec:
     def identity(self, *, without: tuple[str, ...] = ()) -> str:
         """The hash behind `key`, with the `train` keys in `without` left out (`stable_key`: runs that
         differ only in their length share their stable phase)."""
+        without = (*without, *how_computed(self.train))
         train = {
             k: TRAIN_VALUES_KEYED_AS[k].get(v, v) if k in TRAIN_VALUES_KEYED_AS else v
             for k, v in self.config["train"].items()

@@ -50,6 +50,9 @@ COMPILED = PREFIX + "compiled"  # "true" | "false": the model trains under torch
 # ("128x64 w8 s2": tiles of query and key rows, warps, stages; ablate.model.kernels), written when the
 # run finishes; absent where no kernel launched through the chooser (another backend, or interpreted)
 TRITON_LAUNCH = PREFIX + "triton_launch"
+# How the run's model was spread over its ranks (ablate.train.sharding.description): "fsdp over N ranks
+# (FSDP2 per block and root, PRECISION)", "ddp over N ranks (a replica each)", or "none" on one device
+SHARDING = PREFIX + "sharding"
 MACHINE = PREFIX + "machine"
 TORCH = PREFIX + "torch"  # the torch version that trained the run
 

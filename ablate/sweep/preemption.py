@@ -23,6 +23,8 @@ from typing import Any
 
 import lightning as L
 
+from ablate.train import checkpoint_files
+
 WARNING_SIGNAL = signal.SIGUSR2  # submitit's default (`--signal=USR2@<signal_delay_s>`)
 _warned = threading.Event()
 _armed = False
@@ -84,9 +86,8 @@ class CheckpointOnWarning(L.Callback):
         ):
             return  # not warned, saved already, or inside an accumulation: the step is not done yet
         folder = Path(trainer.checkpoint_callback.dirpath)
-        partial = folder / "last.ckpt.partial"
-        trainer.save_checkpoint(partial, weights_only=False)
-        partial.replace(folder / "last.ckpt")  # atomic: a kill now leaves the old or the new, whole
+        # whole or not at all (a file, or fsdp's sharded folder): a kill now leaves the old or the new
+        checkpoint_files.save(trainer, folder / "last.ckpt")
         self.saved_at = trainer.global_step
         if self.on_save is not None:
             self.on_save(self.saved_at)

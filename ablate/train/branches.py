@@ -17,7 +17,6 @@ fresh run of its budget, the same numbers at the full price.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any, Unpack
@@ -28,6 +27,7 @@ from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import RunSpec
 from ablate.store import names, tracking
 from ablate.store.stores import Stores
+from ablate.train import checkpoint_files
 from ablate.train.records import TrainResult
 from ablate.train.resume import run_dir
 from ablate.train.run import TrainOptions, train_run
@@ -37,7 +37,8 @@ class BranchPoints(L.Callback):
     """Saves a resumable checkpoint when training finishes optimizer step `step`, for each step given.
 
     Saved after the optimizer and lr-scheduler steps (Lightning's on_train_batch_end, as ModelCheckpoint's
-    every_n_train_steps), written to a temporary name and renamed, so a kill never leaves half a file."""
+    every_n_train_steps), whole or not at all (ablate.train.checkpoint_files: a file, or fsdp's sharded
+    folder), so a kill never leaves half a checkpoint."""
 
     def __init__(self, paths: dict[int, Path | list[Path]]):
         self.paths = {step: p if isinstance(p, list) else [p] for step, p in paths.items()}
@@ -51,10 +52,23 @@ class BranchPoints(L.Callback):
             if path.exists():
                 continue
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(path.name + ".partial")
-            trainer.save_checkpoint(partial, weights_only=False)
-            if trainer.is_global_zero:
-                os.replace(partial, path)
+            checkpoint_files.save(trainer, path)
+
+
+def branch_points(run: RunSpec, workspace: Workspace) -> list[L.Callback]:
+    """The callback that saves `run`'s branch points (none without budgets): each budget's, and the stable
+    phase's last state, kept so that a longer budget can continue from it. Every rank of the run trains
+    with it (ablate.train.rank): saving a checkpoint is a collective, and under fsdp each rank writes its
+    own shard."""
+    branches = run.branches()
+    if not branches:
+        return []
+    paths: dict[int, list[Path]] = {}
+    for b in branches:
+        paths.setdefault(b.train.cooldown_start, []).append(branch_checkpoint(workspace, b))
+    stable = stable_folder(workspace, run) / f"step-{run.train.cooldown_start}.ckpt"
+    paths.setdefault(run.train.cooldown_start, []).append(stable)
+    return [BranchPoints(paths)]
 
 
 def branch_checkpoint(workspace: Workspace, branch: RunSpec) -> Path:
@@ -69,7 +83,7 @@ def stable_key(run: RunSpec) -> str:
 
 
 def stable_folder(workspace: Workspace, run: RunSpec) -> Path:
-    """Where the kept stable-phase state of the run's (variant, size, seed) lives: one file at most."""
+    """Where the kept stable-phase state of the run's (variant, size, seed) lives: one checkpoint at most."""
     return workspace.stable_folder(
         tracking.experiment_name(run.recipe, run.scale), f"{run.name}-{stable_key(run)}"
     )
@@ -91,7 +105,7 @@ def _keep_latest(workspace: Workspace, run: RunSpec, source_run_id: str) -> None
         return
     for path in stable_folder(workspace, run).glob("step-*.ckpt"):
         if path != latest[1]:
-            path.unlink()
+            checkpoint_files.remove(path)
     if latest[0] != run.train.cooldown_start:
         return
     meta = {"step": latest[0], "run_id": source_run_id, "run_key": run.key}
@@ -101,8 +115,9 @@ def _keep_latest(workspace: Workspace, run: RunSpec, source_run_id: str) -> None
 def _continue_from_stable(workspace: Workspace, run: RunSpec) -> dict[str, str]:
     """Start a new longest run from the kept stable state of a shorter one, if there is one it can use.
 
-    Usable: saved at or before this run's cooldown start (the lr up to there is the same). The file is
-    copied as the run's resume checkpoint; returns the tags that say where the run came from."""
+    Usable: saved at or before this run's cooldown start (the lr up to there is the same). The checkpoint
+    (a file, or fsdp's sharded folder) is copied as the run's resume checkpoint; returns the tags that say
+    where the run came from."""
     folder = run_dir(workspace, run)
     kept = stable_checkpoint(workspace, run)
     if (folder / "result.json").exists() or (folder / "checkpoints" / "last.ckpt").exists() or kept is None:
@@ -111,9 +126,7 @@ def _continue_from_stable(workspace: Workspace, run: RunSpec) -> dict[str, str]:
     if step > run.train.cooldown_start:
         return {}
     (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
-    partial = folder / "checkpoints" / "last.ckpt.partial"
-    shutil.copyfile(path, partial)
-    os.replace(partial, folder / "checkpoints" / "last.ckpt")
+    checkpoint_files.copy(path, folder / "checkpoints" / "last.ckpt")
     source = path.parent / "source.json"
     meta = json.loads(source.read_text()) if source.exists() else {}
     print(
@@ -127,7 +140,7 @@ def _continue_from_stable(workspace: Workspace, run: RunSpec) -> dict[str, str]:
 def stable_size(workspace: Workspace, runs: list[RunSpec]) -> tuple[int, int]:
     """(files, bytes) of the kept stable-phase checkpoints of `runs`."""
     kept = [k[1] for k in (stable_checkpoint(workspace, r) for r in runs) if k is not None]
-    return len(kept), sum(p.stat().st_size for p in kept)
+    return len(kept), sum(checkpoint_files.size(p) for p in kept)
 
 
 def prune_stable(workspace: Workspace, runs: list[RunSpec]) -> tuple[int, int]:
@@ -159,12 +172,6 @@ def train_budgets(
     to another worker)."""
     workspace = stores.workspace
     branches = run.branches()
-    paths: dict[int, list[Path]] = {}
-    for b in branches:
-        paths.setdefault(b.train.cooldown_start, []).append(branch_checkpoint(workspace, b))
-    if branches:  # the stable phase's last state, kept so that a longer budget can continue from it
-        stable = stable_folder(workspace, run) / f"step-{run.train.cooldown_start}.ckpt"
-        paths.setdefault(run.train.cooldown_start, []).append(stable)
     continued = _continue_from_stable(workspace, run) if branches else {}
     extra_tags = options.get("extra_tags") or {}
     longest = train_run(
@@ -176,7 +183,7 @@ def train_budgets(
             "callbacks": [
                 *(options.get("callbacks") or []),
                 *(every_run_callbacks or []),
-                *([BranchPoints(paths)] if branches else []),
+                *branch_points(run, workspace),
             ],
         },
     )

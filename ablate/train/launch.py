@@ -113,7 +113,11 @@ def local_ranks(run: Any, workspace: Workspace, folder: Path) -> Iterator[list[A
     if world_size(cfg) == 1 or launched_externally():
         if world_size(cfg) > 1 and os.environ.get(RANK_SPECS) and global_rank(cfg) == 0:
             publish_spec(Path(os.environ[RANK_SPECS]), run.to_json(), workspace)
-        yield []
+        try:
+            yield []
+        finally:
+            if world_size(cfg) == 1:  # fsdp on one device set up a group of one: the next run needs a new one
+                _destroy_process_group()
         return
     if cfg.num_nodes > 1:
         missing = [k for k in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK") if k not in os.environ]
@@ -148,14 +152,18 @@ def local_ranks(run: Any, workspace: Workspace, folder: Path) -> Iterator[list[A
         yield [_environment(address, port, node)]
         failed = False
     finally:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()  # Lightning leaves it up; the next trial of a worker needs a new one
+        _destroy_process_group()  # Lightning leaves it up; the next trial of a worker needs a new one
         codes = _reap(procs, kill=failed)
         spec.unlink(missing_ok=True)
     if any(codes):
         raise RuntimeError(f"local ranks 1..{cfg.devices - 1} exited with codes {codes}")
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def publish_spec(folder: Path, run: dict[str, Any] | None, workspace: Workspace | None = None) -> Path:

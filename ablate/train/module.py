@@ -19,6 +19,9 @@ from ablate.model.decoder import DecoderLM
 from ablate.train.config import TrainConfig
 from ablate.train.metrics import SUM_KEYS, ar_hit_mask, sliced_loss_sums, task_summary, task_sums
 from ablate.train.optimizer import for_run
+from ablate.train.recompute import recompute_blocks
+from ablate.train.resume import ACCUMULATE, rescale_batches
+from ablate.train.sharding import gathered, grad_norm, shard, sharded
 
 
 def compile_seconds() -> float:
@@ -52,9 +55,13 @@ class LMModule(L.LightningModule):
         sink: Callable[[dict[str, float], int], None] | None,
         task: Any = None,
         loss_on: str = "answers",
+        precision: str = "32-true",
     ):
         super().__init__()
+        self.run_precision = precision  # resolved (ablate.train.choices.decided.Placement): fsdp's policy
         self.task, self.loss_on = task, loss_on
+        if cfg.activation_checkpointing:
+            recompute_blocks(model)  # before compiling: the compiled graph recomputes too
         self.model = model
         self.cfg = cfg
         self.sink = sink
@@ -65,6 +72,12 @@ class LMModule(L.LightningModule):
         self._val: dict[str, torch.Tensor] = {}
         self.compiled = torch.compile(model) if cfg.compile is True else model  # `auto`: decided before
         self._compile_clock = (compile_seconds(), compile_seconds())  # (at start, at the last log)
+
+    def configure_model(self) -> None:
+        """Under `train.strategy: fsdp`, FSDP2 over every rank (ablate.train.sharding: Lightning's
+        ModelParallelStrategy calls this once its device mesh is set up); otherwise nothing."""
+        if sharded(self.cfg):
+            shard(self.model, self.device_mesh["data_parallel"], self.run_precision)
 
     # --- training -------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -90,9 +103,7 @@ class LMModule(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        self._grad_norm = (
-            float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
-        )
+        self._grad_norm = grad_norm(grads, self.trainer.strategy.reduce)
         if not math.isfinite(self._grad_norm):
             raise Diverged(f"gradient norm is {self._grad_norm} at step {self.global_step + 1}")
 
@@ -125,6 +136,12 @@ class LMModule(L.LightningModule):
         if self.cfg.compile is True:
             metrics["compile_s"] = compiled - self._compile_clock[0]
         self.sink(metrics, step)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[ACCUMULATE] = self.cfg.accumulate  # a resume on another number of ranks rescales by it
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        rescale_batches(checkpoint, self.cfg.accumulate)
 
     def configure_optimizers(self):
         optimizer, schedule = for_run(self.model, self.cfg)  # ablate.train.optimizer: the one AdamW
@@ -179,7 +196,9 @@ class LMModule(L.LightningModule):
         else:
             metrics = self._lm_val_metrics()
         for i, block in enumerate(self.model.blocks):
-            if (lam := contract.lambda_value(block.attention)) is not None:  # ablate.core.contract
+            with gathered(block):  # under fsdp λ's vectors are sharded
+                lam = contract.lambda_value(block.attention)  # ablate.core.contract
+            if lam is not None:
                 metrics[f"lambda/layer_{i:02d}"] = lam
         if not math.isfinite(metrics["val/loss"]):
             raise Diverged(f"validation loss is {metrics['val/loss']} at step {self.global_step}")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ablate.core.workspace import Workspace
 from ablate.recipe.resolve import RunSpec
+from ablate.train.branches import branch_points
 from ablate.train.launch import exit_with_parent
 from ablate.train.module import Diverged
 from ablate.train.run import train_rank
@@ -25,7 +26,8 @@ def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     run = RunSpec.from_json(spec["run"])
     try:
-        train_rank(run, workspace=Workspace(spec["workspace"]))
+        workspace = Workspace(spec["workspace"])
+        train_rank(run, workspace=workspace, callbacks=branch_points(run, workspace))
     except Diverged as e:  # every rank sees the same reduced numbers: rank 0 reports it
         print(f"[rank {os.environ.get('LOCAL_RANK')}] {e}", file=sys.stderr)
         return 3
@@ -47,7 +49,8 @@ def follow(folder: Path, poll_s: float = 0.2) -> int:
         run = RunSpec.from_json(spec["run"])
         print(f"[rank {os.environ.get('SLURM_PROCID')}] training {run.name}", flush=True)
         try:
-            train_rank(run, workspace=Workspace(spec["workspace"]))
+            workspace = Workspace(spec["workspace"])
+            train_rank(run, workspace=workspace, callbacks=branch_points(run, workspace))
         except Diverged as e:  # task 0 marks the trial failed and goes on to the next: so does this rank
             print(f"[rank {os.environ.get('SLURM_PROCID')}] {e}", file=sys.stderr, flush=True)
         n += 1

@@ -22,6 +22,7 @@ from ablate.model.config import ModelConfig
 from ablate.model.decoder import MetaBlocks, attention_kernel, meta_blocks
 from ablate.recipe.resolve import RunSpec
 from ablate.store import names, tokens_axis, tracking
+from ablate.train import sharding
 from ablate.train.choices.decided import Decided, Placement
 
 Sink = Callable[[dict[str, float], int], None]  # (metrics, step) -> logged; global rank 0 only
@@ -113,6 +114,7 @@ def run_tags(run: RunSpec, decided: Decided) -> dict[str, str]:
         **shape_tags(run, parts),
         names.ATTENTION_KERNEL: run_attention_kernel(parts, decided.train.seq_len, where),
         names.MACHINE: machine_description(where.device),
+        names.SHARDING: sharding.description(decided.train, where.precision),
         **decided.tags(),
     }
 

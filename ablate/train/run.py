@@ -52,7 +52,7 @@ def train_run(run: RunSpec, stores: Stores, **options: Unpack[TrainOptions]) -> 
     from ablate.train import resume_lock
 
     if launch.global_rank(run.train) != 0:  # the other ranks train with rank 0, which holds the folder
-        return train_rank(run, workspace=stores.workspace)
+        return train_rank(run, workspace=stores.workspace, callbacks=options.get("callbacks"))
     stores.mlflow_uri()  # a damaged or foreign tracking store is one line before anything is written
     with resume_lock.training(run_dir(stores.workspace, run), wait=options.get("folder_wait", 0.0)):
         return _train_run(run, stores, options)
@@ -91,11 +91,14 @@ def _train_run(run: RunSpec, stores: Stores, options: TrainOptions) -> TrainResu
     return result
 
 
-def train_rank(run: RunSpec, *, workspace: Workspace) -> TrainResult:
-    """A rank other than global rank 0 of a multi-device run: the same training, no MLflow, no files."""
+def train_rank(
+    run: RunSpec, *, workspace: Workspace, callbacks: list[L.Callback] | None = None
+) -> TrainResult:
+    """A rank other than global rank 0 of a multi-device run: the same training, no MLflow, no result
+    files; `callbacks`: those that every rank runs (the branch points' checkpoints, a collective)."""
     data = load_data(run, workspace)
     decided = decide(run, workspace)  # rank 0's attention choice where it measured first (the cache)
-    return _train(run, data, run_dir(workspace, run), workspace, decided, None, False, [])
+    return _train(run, data, run_dir(workspace, run), workspace, decided, None, False, list(callbacks or []))
 
 
 def _train(
@@ -120,9 +123,11 @@ def _train(
         torch.use_deterministic_algorithms(True)
     task = data if isinstance(data, Task) else None
     model = build_model(decided.model, seed=run.seed)
-    module = LMModule(model, cfg, sink, task=task, loss_on=run.data.task_loss)
+    module = LMModule(
+        model, cfg, sink, task=task, loss_on=run.data.task_loss, precision=decided.where.precision
+    )
     world, rank = launch.world_size(cfg), launch.global_rank(cfg)
-    start_step, resume = resume_point(folder / "checkpoints", rank)
+    start_step, resume = resume_point(folder / "checkpoints", rank)  # a file, or fsdp's sharded folder
     clock = TrainingClock(run.key)  # the earlier attempts' seconds, from the checkpoint resumed from
     train, val = loaders(run, data, start_step=start_step, rank=rank, world=world)
     started, compiled_before = time.perf_counter(), compile_seconds()

@@ -11,7 +11,7 @@ from typing import Any
 import lightning.pytorch as L
 
 from ablate.core.errors import UserError
-from ablate.train import launch
+from ablate.train import launch, sharding
 from ablate.train.choices.decided import Placement
 from ablate.train.config import TrainConfig
 
@@ -74,13 +74,14 @@ def assemble(
         enable_version_counter=False,
     )
     shown = progress and rank == 0
+    fsdp = sharding.sharded(cfg)  # FSDP2's policy holds the precision (ablate.train.sharding)
     line = [StepProgress(cfg.batch_tokens, compile_clock=compile_seconds if cfg.compile is True else None)]
     return L.Trainer(
         accelerator=where.device,  # the device the precision and the recorded tags were decided for
         devices=cfg.devices,
         num_nodes=cfg.num_nodes,
-        strategy=launch.strategy_for(cfg),
-        precision=where.precision,
+        strategy=sharding.lightning_strategy(cfg) if fsdp else launch.strategy_for(cfg),
+        precision=sharding.trainer_precision(where.precision) if fsdp else where.precision,
         max_steps=cfg.steps,
         accumulate_grad_batches=cfg.accumulate,
         gradient_clip_val=cfg.grad_clip or None,
