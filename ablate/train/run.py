@@ -23,7 +23,7 @@ from ablate.model.decoder import build_model
 from ablate.recipe.resolve import RunSpec
 from ablate.store import tracking
 from ablate.store.stores import Stores
-from ablate.train import launch, records, trainer
+from ablate.train import launch, records, sharding, trainer
 from ablate.train.choices.decided import Decided, decide
 from ablate.train.loaders import load_data, loaders
 from ablate.train.module import Diverged, LMModule, compile_seconds
@@ -137,12 +137,15 @@ def _train(
         )
         trainer.fit(fitter, module, train, val, resume, folder)
     seconds, compiling = time.perf_counter() - started, compile_seconds() - compiled_before
-    if task is not None and sink is not None:  # Table 3: attention to answer and noise, on held-out samples
+    # Table 3: attention to answer and noise, on held-out samples; global rank 0 records it, and under fsdp
+    # every rank computes it with rank 0 (each forward all-gathers the blocks' shards, a collective)
+    if task is not None and (sink is not None or sharding.sharded(cfg)):
         from ablate.analysis import task_attention_metrics
 
         shares = task_attention_metrics(model, task, device=module.device)
-        module.history[-1].update(shares)
-        sink(shares, fitter.global_step)
+        if sink is not None:
+            module.history[-1].update(shares)
+            sink(shares, fitter.global_step)
     return records.finished_result(
         run,
         module.history,
