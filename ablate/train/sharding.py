@@ -99,16 +99,13 @@ def shard(model: nn.Module, mesh: Any, precision: str) -> None:
             if name not in keep:
                 p.data = p.data.to(torch.bfloat16)
     mp = policy(precision)
-    holders = {name.rpartition(".")[0] for name in keep}
-    for block_name, block in model.named_children():
-        if block_name != "blocks":
-            continue
-        for i, layer in enumerate(block):
-            for name, module in layer.named_modules():
-                if f"blocks.{i}.{name}" in holders:
-                    _float32_group(module, mesh, mp)
-            fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+    holders = {name.rpartition(".")[0] for name in keep}  # the modules that hold them directly
+    for i, block in enumerate(model.blocks):
+        for name, module in block.named_modules(prefix=f"blocks.{i}"):
+            if name in holders:
+                _float32_group(module, mesh, mp)
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)  # the rest: embedding, final norm, LM head
 
 
 def _float32_group(module: nn.Module, mesh: Any, mp: Any) -> None:
