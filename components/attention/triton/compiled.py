@@ -141,7 +141,7 @@ def candidates(shape: Shape) -> list[Launch]:
         Launch(kernel, atomic, c, tma)
         for kernel, atomic in kinds
         for c in configs.candidates(kernel, shape.dtype, shape.v_width)
-        for tma in ((False, True) if op.tma_kernel(kernel, shape.v_width) else (False,))
+        for tma in ((False, True) if op.tma_kernel(kernel, shape.v_width, shape.dtype) else (False,))
     ]
 
 

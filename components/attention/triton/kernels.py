@@ -35,8 +35,8 @@ causal softmax attention, so the Transformer arm can be timed on the same code.
 - loads (`TMA`): the forward's and the dQ kernel's tiles of Q, K, V and dO by tensor descriptors, one per
   head's rows (`forward._rows`, `_tile`: on Hopper the copy engine fetches a tile and fills what lies
   past the sequence or the width with zeros), where the op found every such tensor's last dimension
-  contiguous and its start and other strides 16-byte aligned (`op.tma_loads`), V up to 128 wide;
-  otherwise, and always in the dK/dV kernel (`op.tma_kernel`), by pointers with masks.
+  contiguous and its start and other strides 16-byte aligned (`op.tma_loads`), in 16 bits with V up
+  to 128 wide; otherwise, and always in the dK/dV kernel (`op.tma_kernel`), by pointers with masks.
 
 Layouts (any strides): q (B, M, h, N, d) = the maps' queries stacked on dim 1, k (B, M, h_kv, N, d),
 v (B, h_kv, N, e); query head i reads kv head i // (h / h_kv). Widths are padded to powers of two (16 at

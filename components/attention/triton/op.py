@@ -80,18 +80,19 @@ def _scratch_memory(size: int, alignment: int, stream) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")  # torch's allocations are 512-byte aligned
 
 
-# The kernels whose tiles may come by tensor descriptors, for V up to TMA_V wide (benchmarks/NOTES.md, "a
-# 128-row query tile in the single pass, TMA loads", compiled for sm_90). Not the dK/dV kernel (the single
-# pass too): its 16-row query tiles, three descriptors per query head, cost registers for nothing they
-# save (16 x 128 with 8 warps: 253 against the pointer loads' 237) and spill at 16 x 64 with 4 warps; not
-# V 256 either, whose forward at 32 x 64 with 8 warps spills with them (472 bytes) and not without.
+# The kernels whose tiles may come by tensor descriptors, for 16-bit inputs with V up to TMA_V wide (the
+# configurations compiled with both loads: benchmarks/NOTES.md, "a 128-row query tile in the single pass,
+# TMA loads"). Not the dK/dV kernel (the single pass too): its 16-row query tiles, three descriptors per
+# query head, cost registers for nothing they save (16 x 128 with 8 warps: 253 against the pointer loads'
+# 237) and spill at 16 x 64 with 4 warps; not V 256 either, whose forward at 32 x 64 with 8 warps spills
+# with them (472 bytes) and not without.
 TMA_KERNELS = ("forward", "backward_q")
 TMA_V = 128
 
 
-def tma_kernel(kernel: str, v_width: int) -> bool:
+def tma_kernel(kernel: str, v_width: int, dtype: torch.dtype) -> bool:
     """Whether `kernel` loads its tiles by tensor descriptors (where `tma_loads` allows) for V this wide."""
-    return kernel in TMA_KERNELS and v_width <= TMA_V
+    return kernel in TMA_KERNELS and v_width <= TMA_V and dtype != torch.float32
 
 
 def single_pass(v_width: int) -> bool:
@@ -168,7 +169,7 @@ def _launch(
     (block_m > 0: tests and benchmarks, every kernel alike), the interpreter's fixed one on CPU, or on
     CUDA the one `configs` chose for the kernel, shape, dtype and GPU (timed with `launch` itself
     the first time). `tma`: tiles loaded by tensor descriptors (`_tma`) where `tma_kernel` says."""
-    tma = tma and tma_kernel(kernel, v_width)
+    tma = tma and tma_kernel(kernel, v_width, q.dtype)
     if block_m:
         rows = block_n if kernel == "backward_kv" else block_m  # the rows of most of its products
         launch(block_m, block_n, _warps(q, rows) | _launch_options(q, width, v_width, block_m, block_n, tma))
