@@ -174,7 +174,7 @@ def _unsharded(state: _State, precision: str, shards: int) -> int:
 
     block_params, block_grads = padded(state.block)
     root_params, root_grads = padded(state.root)
-    return UNSHARDED_BLOCKS * (block_params + block_grads) + root_params + root_grads
+    return min(UNSHARDED_BLOCKS, state.n_layers) * (block_params + block_grads) + root_params + root_grads
 
 
 def _key(model: ModelConfig, *rest: object) -> tuple:
