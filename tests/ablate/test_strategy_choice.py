@@ -5,6 +5,7 @@ workspace exists; and the paper's scale, planned on 80 GB cards, fits every row.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -126,13 +127,16 @@ def test_a_sweep_refuses_a_plan_that_does_not_fit_before_anything_trains(tmp_pat
 ROW = re.compile(r"^  (\S+) \((\S+); (.+?)\): ([\d.]+)GB a GPU .*; ([\d,]+) GPU-hours$")
 
 
-def test_check_plans_the_papers_scale_with_fsdp_where_a_replica_does_not_fit():
+@pytest.mark.parametrize("native_bf16", ["0", "1"])
+def test_check_plans_the_papers_scale_with_fsdp_where_a_replica_does_not_fit(native_bf16):
     """`ablate check recipes/scaling-size.yaml` (its default scale, the paper's): on 80 GB cards every row
-    fits, fsdp for the rows whose replica does not, with the GPU-hours each takes."""
+    fits, fsdp for the rows whose replica does not, with the GPU-hours each takes; the cards run bf16
+    whatever this CPU's bf16 is forced to."""
     proc = subprocess.run(
         [sys.executable, "-m", "ablate.cli", "check", "recipes/scaling-size.yaml"],
         capture_output=True,
         text=True,
+        env={**os.environ, "ABLATE_NATIVE_BF16": native_bf16},
     )
     assert proc.returncode == 0, proc.stderr
     rows = [m.groups() for m in map(ROW.match, proc.stdout.splitlines()) if m]

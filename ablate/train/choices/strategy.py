@@ -60,9 +60,12 @@ class _PlannedCard:
 
 def planned_precision(requested: str, card: Card) -> str:
     """The precision a run of `requested` takes on `card` (decided where every run's precision is,
-    `choose_precision`)."""
+    `choose_precision`). A card that is not here runs bf16 whatever this machine's CPU does: the
+    `ABLATE_NATIVE_BF16` a CPU's capability is forced by does not reach it."""
+    if card.present:
+        return choose_precision(requested, "cuda", key="train.precision")[0]
     return choose_precision(
-        requested, "cuda", key="train.precision", cuda=None if card.present else _PlannedCard
+        requested, "cuda", key="train.precision", cuda=_PlannedCard, environ={}
     )[0]
 
 
