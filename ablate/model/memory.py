@@ -185,14 +185,21 @@ _STATES: dict[tuple, _State] = {}
 _ACTIVATIONS: dict[tuple, tuple[int, int, int]] = {}
 
 
+@contextlib.contextmanager
+def _fake_block_and_head(model: ModelConfig, dtype: torch.dtype) -> Iterator[tuple[Block, _Head]]:
+    """One block and the head of `model` in `dtype` on fake tensors (shapes and dtypes, no memory), used
+    inside the fake mode."""
+    with FakeTensorMode(), _default_dtype(dtype):
+        make = block_makers(model)
+        yield Block(model, 0, make, model_multipliers(model)), _Head(model, make)
+
+
 def _state(model: ModelConfig, precision: str) -> _State:
     key = _key(model, precision)
     if key not in _STATES:
         dtype = parameter_dtype(precision)
-        with FakeTensorMode(), _default_dtype(dtype):
-            make = block_makers(model)
-            block = Block(model, 0, make, model_multipliers(model))
-            head = _Head(model, make)
+        with _fake_block_and_head(model, dtype) as (block, head):
+            pass
         embedding = () if model.tie_embeddings else (((model.vocab_size, model.d_model), dtype.itemsize),)
         _STATES[key] = _State(_shapes(block, dtype), embedding + _shapes(head, dtype), model.n_layers)
     return _STATES[key]
@@ -206,10 +213,7 @@ def _activations(
     key = _key(model, precision, micro_batch_size, seq_len)
     if key not in _ACTIVATIONS:
         dtype = parameter_dtype(precision)
-        with FakeTensorMode(), _default_dtype(dtype):
-            make = block_makers(model)
-            block = Block(model, 0, make, model_multipliers(model))
-            head = _Head(model, make)
+        with _fake_block_and_head(model, dtype) as (block, head):
             x = torch.empty(micro_batch_size, seq_len, model.d_model, dtype=dtype, requires_grad=True)
             tokens = torch.zeros(micro_batch_size, seq_len, dtype=torch.long)
             with autocast("cpu", precision):

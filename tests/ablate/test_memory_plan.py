@@ -22,16 +22,8 @@ SIZES = {  # two sizes: (d_model, n_layers, micro-batch, seq_len, vocab)
 }
 
 
-def _step(model, tokens, precision):
-    with autocast("cpu", precision):
-        loss = F.cross_entropy(model(tokens).flatten(0, 1).float(), tokens.flatten())
-    loss.backward()
-
-
-@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-true"])
-@pytest.mark.parametrize("attention", ["softmax", "diff", "diff_v2"])
-@pytest.mark.parametrize("size", list(SIZES))
-def test_the_plan_matches_a_real_step(size, attention, precision):
+def _sized(size: str, attention: str) -> tuple[ModelConfig, int, int, int]:
+    """A model of one of SIZES with `attention`, and its (micro-batch, seq_len, vocab)."""
     load_plugins()
     d, layers, batch, seq_len, vocab = SIZES[size]
     config = ModelConfig.from_dict(
@@ -44,6 +36,20 @@ def test_the_plan_matches_a_real_step(size, attention, precision):
             "attention_backend": "math",
         }
     )
+    return config, batch, seq_len, vocab
+
+
+def _step(model, tokens, precision):
+    with autocast("cpu", precision):
+        loss = F.cross_entropy(model(tokens).flatten(0, 1).float(), tokens.flatten())
+    loss.backward()
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-true"])
+@pytest.mark.parametrize("attention", ["softmax", "diff", "diff_v2"])
+@pytest.mark.parametrize("size", list(SIZES))
+def test_the_plan_matches_a_real_step(size, attention, precision):
+    config, batch, seq_len, vocab = _sized(size, attention)
     plan = memory_plan(config, precision=precision, micro_batch_size=batch, seq_len=seq_len)
     torch.manual_seed(0)
     model = build_model(config).to(parameter_dtype(precision))
@@ -105,18 +111,7 @@ class _Recomputed(torch.nn.Module):
 def test_the_checkpointed_plan_matches_a_real_step(size, attention, precision):
     """Activation checkpointing per block: the plan's activations within 25% of the profiler's peak, and
     below the plan that keeps them."""
-    load_plugins()
-    d, layers, batch, seq_len, vocab = SIZES[size]
-    config = ModelConfig.from_dict(
-        {
-            "vocab_size": vocab,
-            "d_model": d,
-            "n_layers": layers,
-            "head_dim": 16,
-            "attention": {"name": attention},
-            "attention_backend": "math",
-        }
-    )
+    config, batch, seq_len, vocab = _sized(size, attention)
     shape = {"precision": precision, "micro_batch_size": batch, "seq_len": seq_len}
     plan = memory_plan(config, activation_checkpointing=True, **shape)
     torch.manual_seed(0)
