@@ -6,8 +6,12 @@ are tests/mini_project.py's, shared with tests/e2e.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import mini_project
@@ -25,3 +29,27 @@ def cli_env() -> dict[str, str]:
 def run_cli(*args: str, cwd: Path, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
     """`ablate ARGS` in a fresh interpreter with `cli_env()`."""
     return mini_project.run_cli(*args, cwd=cwd, timeout=timeout, check=check, env=cli_env())
+
+
+@contextlib.contextmanager
+def training_until_a_checkpoint(recipe: Path, variant: str, workspace: Path) -> Iterator[subprocess.Popen]:
+    """A real `ablate train` of `recipe`'s `variant`, in a session of its own, yielded once a checkpoint of
+    it is whole; on the way out every process of that session is killed (the ranks it started too)."""
+    proc = subprocess.Popen(
+        cli_command("train", str(recipe), "--variant", variant, "--workspace", str(workspace)),
+        cwd=recipe.parent,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        while not list(workspace.glob("runs/*/*/checkpoints/last.ckpt")):  # pytest's timeout guards hangs
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.05)
+        yield proc
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

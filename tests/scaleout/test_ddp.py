@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from scaleout_helpers import cli_command, cli_env, run_cli, write_recipe
+from scaleout_helpers import cli_command, cli_env, run_cli, training_until_a_checkpoint, write_recipe
 
 from ablate.core.workspace import Workspace
 from ablate.data import TrainBatches, load_tokens, micro_batch
@@ -84,19 +84,7 @@ def reference(tmp_path_factory) -> dict[str, object]:
     out["single"] = _history(folder / "single")
 
     workspace = folder / "ddp"
-    args = cli_command("train", str(ddp), "--variant", "diff", "--workspace", str(workspace))
-    proc = subprocess.Popen(
-        args,
-        cwd=folder,
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        while not list(workspace.glob("runs/*/*/checkpoints/last.ckpt")):  # pytest's timeout guards hangs
-            assert proc.poll() is None, "the run ended before it could be killed"
-            time.sleep(0.05)
+    with training_until_a_checkpoint(ddp, "diff", workspace) as proc:
         out["rank1"] = _children_of(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)  # rank 0 only: rank 1 must notice and exit by itself
         proc.wait()
@@ -104,11 +92,6 @@ def reference(tmp_path_factory) -> dict[str, object]:
         while any(_alive(pid) for pid in out["rank1"]) and time.monotonic() < deadline:
             time.sleep(0.2)
         out["rank1_outlived"] = [pid for pid in out["rank1"] if _alive(pid)]
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     out["killed"] = _history(workspace)
     run_cli("train", str(ddp), "--variant", "diff", "--workspace", str(workspace), cwd=folder, check=True)
     out["ddp"] = _history(workspace)  # still one MLflow run: the killed one, resumed

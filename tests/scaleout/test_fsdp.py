@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from scaleout_helpers import cli_command, cli_env, run_cli, write_recipe
+from scaleout_helpers import run_cli, training_until_a_checkpoint, write_recipe
 
 from ablate.core.workspace import Workspace
 from ablate.recipe.loading import load_recipe
@@ -87,25 +85,9 @@ def _worst(a: dict[int, float], b: dict[int, float], steps) -> float:
 
 def _killed_after_a_checkpoint(recipe: Path, variant: str, workspace: Path) -> int:
     """Train, SIGKILL the launching process (rank 0) once a checkpoint is whole; the checkpoint's step."""
-    proc = subprocess.Popen(
-        cli_command("train", str(recipe), "--variant", variant, "--workspace", str(workspace)),
-        cwd=recipe.parent,
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        while not list(workspace.glob("runs/*/*/checkpoints/last.ckpt")):  # pytest's timeout guards hangs
-            assert proc.poll() is None, "the run ended before it could be killed"
-            time.sleep(0.05)
+    with training_until_a_checkpoint(recipe, variant, workspace) as proc:  # then rank 1 killed too
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # rank 1 too, now rather than when it notices
-        except ProcessLookupError:
-            pass
     (last,) = workspace.glob("runs/*/*/checkpoints/last.ckpt")
     return checkpoint_files.step(last)
 
