@@ -64,9 +64,7 @@ def planned_precision(requested: str, card: Card) -> str:
     `ABLATE_NATIVE_BF16` a CPU's capability is forced by does not reach it."""
     if card.present:
         return choose_precision(requested, "cuda", key="train.precision")[0]
-    return choose_precision(
-        requested, "cuda", key="train.precision", cuda=_PlannedCard, environ={}
-    )[0]
+    return choose_precision(requested, "cuda", key="train.precision", cuda=_PlannedCard, environ={})[0]
 
 
 @dataclass(frozen=True)
