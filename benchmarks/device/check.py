@@ -392,18 +392,19 @@ def main() -> None:
     os.environ.update(QUIET | {"ABLATE_KERNEL_CACHE": str(kernel_cache(workspace))})
     device = visible(args.device)
     (out / "logs").mkdir(parents=True, exist_ok=True)
+    from csv_rows import replace_text  # benchmarks/device/csv_rows.py: stdlib only
     from summary import write_readme  # benchmarks/device/summary.py: stdlib only
 
     found = versions()
-    (out / "versions.json").write_text(json.dumps({"before_install": found}, indent=1))
+    replace_text(out / "versions.json", json.dumps({"before_install": found}, indent=1))
     stop = precheck(args, found)
     if stop:
         print(stop, file=sys.stderr)
         raise SystemExit(2)
     ok, note = install(out, args.wheels, found)
     after = versions()
-    (out / "versions.json").write_text(
-        json.dumps({"before_install": found, "after_install": after}, indent=1)
+    replace_text(
+        out / "versions.json", json.dumps({"before_install": found, "after_install": after}, indent=1)
     )
     short = [
         f"{r['dist']} {r['installed'] or 'missing'} (needs {r['required']})"

@@ -1,17 +1,41 @@
-"""Appending rows to a CSV file kept across runs into the same folder (its header written once), for the
-device check's parts. Stdlib only: check.py uses it before anything is installed."""
+"""The device check's files, each written whole: a lease cut (every process killed at any moment) leaves
+the old file or the new one, never an empty or torn one. A file is written beside itself and renamed over
+it (`os.replace` is atomic on one file system); rows are appended by rewriting the file so. Stdlib only:
+check.py uses it before anything is installed."""
 
 from __future__ import annotations
 
 import csv
+import io
+import os
 from pathlib import Path
 
 
+def replace_text(path: Path, text: str) -> None:
+    """`path` holds `text`, or what it held before, whenever the writer is killed."""
+    part = path.with_name(f".{path.name}.part")
+    with part.open("w", newline="") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(part, path)
+
+
+def write_rows(path: Path, rows: list[dict], columns: list[str]) -> None:
+    """`path` is a CSV of `rows` under `columns` (keys outside them ignored), its header first."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    replace_text(path, buffer.getvalue())
+
+
 def append_rows(path: Path, rows: list[dict], columns: list[str]) -> None:
-    """Append `rows` to `path` under `columns` (keys outside them ignored), the header first if it is new."""
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
+    """Append `rows` to `path` under `columns`, the header first if the file is new (kept across runs)."""
+    kept = path.read_text() if path.exists() else ""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
+    if not kept:
+        writer.writeheader()
+    writer.writerows(rows)
+    replace_text(path, kept + buffer.getvalue())

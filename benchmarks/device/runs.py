@@ -13,7 +13,6 @@ before it trains, and stops in one line where not even one batch fits.
 from __future__ import annotations
 
 import copy
-import csv
 import math
 import os
 import random
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import yaml
+from csv_rows import write_rows  # benchmarks/device/csv_rows.py
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "ablate.cli"]
@@ -288,7 +288,7 @@ def collect(out: Path, workspace: Path, part: str) -> None:
     if part == "d":
         rows.sort(key=lambda r: (r["variant"], r["seed"], int(r["budget_tokens"] or 0)))
         columns = ["variant", "seed", "budget_tokens", "status", "val_loss", "ar_hit", "others", "seconds"]
-        write_csv(out / "d_budgets.csv", rows, columns)
+        write_rows(out / "d_budgets.csv", rows, columns)
         return
     columns = [
         "scale",
@@ -302,12 +302,5 @@ def collect(out: Path, workspace: Path, part: str) -> None:
         "attention_choice",
         "attention_timings_ms",
     ]  # the choice `auto` measured on CUDA, if any
-    write_csv(out / {"c": "c_train.csv", "e": "e_compile.csv"}[part], rows, columns)
+    write_rows(out / {"c": "c_train.csv", "e": "e_compile.csv"}[part], rows, columns)
     shutil.rmtree(workspace / "runs" / tracking.experiment_name("device-check", scale), ignore_errors=True)
-
-
-def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)

@@ -10,6 +10,8 @@ import statistics
 import time
 from pathlib import Path
 
+from csv_rows import replace_text, write_rows  # benchmarks/device/csv_rows.py: stdlib
+
 MEANINGS = """\
 ## What each number means
 
@@ -67,13 +69,6 @@ def read_csv(path: Path) -> list[dict]:
         return []
     with path.open() as f:
         return list(csv.DictReader(f))
-
-
-def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def table(rows: list[dict], columns: list[str]) -> list[str]:
@@ -194,7 +189,7 @@ def write_readme(out: Path, args, argv: list[str]) -> None:
     parts = read_csv(out / "parts.csv")
     bench = bench_rows(out, card)
     if bench:  # the table below quotes mfu_spec: it is kept in a CSV beside bench.csv
-        write_csv(out / "b_bench" / "mfu_spec.csv", bench, ["variant", "seq_len", "mfu", "mfu_spec"])
+        write_rows(out / "b_bench" / "mfu_spec.csv", bench, ["variant", "seq_len", "mfu", "mfu_spec"])
     ran = {row["part"] for row in parts}
 
     def section(part: str, lines: list[str]) -> list[str]:
@@ -252,4 +247,4 @@ def write_readme(out: Path, args, argv: list[str]) -> None:
         "",
         MEANINGS,
     ]
-    (out / "README.md").write_text("\n".join(lines))
+    replace_text(out / "README.md", "\n".join(lines))
