@@ -21,21 +21,22 @@ def replace_text(path: Path, text: str) -> None:
     os.replace(part, path)
 
 
-def write_rows(path: Path, rows: list[dict], columns: list[str]) -> None:
-    """`path` is a CSV of `rows` under `columns` (keys outside them ignored), its header first."""
+def csv_text(rows: list[dict], columns: list[str], *, header: bool) -> str:
+    """`rows` as CSV lines under `columns` (keys outside them ignored), the header line first if asked."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
-    writer.writeheader()
+    if header:
+        writer.writeheader()
     writer.writerows(rows)
-    replace_text(path, buffer.getvalue())
+    return buffer.getvalue()
+
+
+def write_rows(path: Path, rows: list[dict], columns: list[str]) -> None:
+    """`path` is a CSV of `rows` under `columns`, its header first."""
+    replace_text(path, csv_text(rows, columns, header=True))
 
 
 def append_rows(path: Path, rows: list[dict], columns: list[str]) -> None:
     """Append `rows` to `path` under `columns`, the header first if the file is new (kept across runs)."""
     kept = path.read_text() if path.exists() else ""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
-    if not kept:
-        writer.writeheader()
-    writer.writerows(rows)
-    replace_text(path, kept + buffer.getvalue())
+    replace_text(path, kept + csv_text(rows, columns, header=not kept))
